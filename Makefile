@@ -1,0 +1,32 @@
+# The two commands a new user types: `make run` and `make test`.
+# Both create .venv from setup.cfg on first use (and again when setup.cfg changes).
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+WORKDIR ?= runs/default
+CONFIG ?= experiments/configs/default.py
+PYTEST_ARGS ?=
+
+.PHONY: setup run test test-fast bench clean-venv
+
+$(STAMP): setup.cfg pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m experiments.train --config=$(CONFIG) --workdir=$(WORKDIR)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadgroup $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n 2 -m "not slow" $(PYTEST_ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,14 @@
+"""Test-wide JAX settings: fail on implicit rank promotion, run on CPU, keep x64 off."""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Eight fake CPU devices so sharding tests can build a real mesh (must precede jax import).
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
+
+import jax  # noqa: E402
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
