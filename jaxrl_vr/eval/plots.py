@@ -1,0 +1,191 @@
+"""PNG plots for run reports (SPEC §6).
+
+Uses matplotlib's object API with the Agg canvas (no pyplot, no global backend
+state), so it works headless and in threads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+__all__ = [
+    "read_metrics_jsonl",
+    "plot_passk",
+    "plot_passk_curves",
+    "plot_regimes",
+    "plot_training_curves",
+    "plot_curves",
+]
+
+
+def _save(fig: Figure, path: str | os.PathLike) -> pathlib.Path:
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    fig.tight_layout()
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, path)
+    return path
+
+
+def plot_passk_curves(
+    curves: Mapping[str, Sequence[float]],
+    ks: Sequence[int],
+    path: str | os.PathLike,
+    *,
+    title: str = "pass@k",
+) -> pathlib.Path:
+    """Several pass@k curves (label -> [K]) on a log-x axis."""
+    ks = np.asarray(ks, np.float64)
+    fig = Figure(figsize=(5.5, 4.0))
+    ax = fig.add_subplot(1, 1, 1)
+    for label, curve in curves.items():
+        curve = np.asarray(curve, np.float64)
+        if curve.shape != ks.shape:
+            raise ValueError(f"curve '{label}' has shape {curve.shape}, ks {ks.shape}.")
+        ax.plot(ks, curve, marker="o" if ks.size <= 16 else None, markersize=3, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k")
+    ax.set_ylabel("pass@k")
+    ax.set_ylim(0.0, 1.02)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def plot_passk(
+    base_curve: Sequence[float],
+    final_curve: Sequence[float],
+    ks: Sequence[int],
+    path: str | os.PathLike,
+    *,
+    title: str = "pass@k: base vs trained",
+    labels: tuple[str, str] = ("base", "trained"),
+) -> pathlib.Path:
+    """pass@k of the base and trained policy vs k (log-x)."""
+    return plot_passk_curves({labels[0]: base_curve, labels[1]: final_curve}, ks, path, title=title)
+
+
+def plot_regimes(
+    report: Mapping[str, Any],
+    path: str | os.PathLike,
+    *,
+    ks: Sequence[int] | None = None,
+) -> pathlib.Path:
+    """Per-regime bars of pass@k, base vs trained, one panel per k (default: 1 and max k).
+
+    Args:
+      report: ``passk_report`` output.
+    """
+    all_ks = list(report["ks"])
+    ks = sorted({all_ks[0], all_ks[-1]}) if ks is None else [int(k) for k in ks]
+    col = {k: i for i, k in enumerate(all_ks)}
+    if any(k not in col for k in ks):
+        raise KeyError(f"ks {ks} not all in the report's ks.")
+    names = list(report["regimes"])
+    fig = Figure(figsize=(4.0 * len(ks) + 1.0, 3.8))
+    x = np.arange(len(names))
+    for panel, k in enumerate(ks):
+        ax = fig.add_subplot(1, len(ks), panel + 1)
+        for offset, (key, label) in zip((-0.2, 0.2), (("pass_at_k_base", "base"), ("pass_at_k_final", "trained"))):
+            heights = [
+                (report["regimes"][n][key] or [0.0] * len(all_ks))[col[k]] for n in names
+            ]
+            ax.bar(x + offset, heights, width=0.4, label=label)
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"{n}\n({report['regimes'][n]['count']} prompts)" for n in names], fontsize=7)
+        ax.set_ylim(0.0, 1.05)
+        ax.set_title(f"pass@{k} by base regime")
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def read_metrics_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Reads one JSON object per line. Blank lines are skipped; a torn last line (a run
+    killed mid-write) is dropped; a malformed line elsewhere raises naming its number."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"metrics file {path} does not exist; check --workdir.")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            if number == len(lines):
+                break
+            raise ValueError(f"{path}:{number} is not valid JSON ({err.msg}).") from err
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{number} is not a JSON object.")
+        records.append(record)
+    return records
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _resolve_key(key: str, available: Sequence[str]) -> str | None:
+    if key in available:
+        return key
+    suffix = [a for a in available if a.endswith("/" + key)]
+    return sorted(suffix)[0] if suffix else None
+
+
+def plot_training_curves(
+    metrics_jsonl_path: str | os.PathLike,
+    path: str | os.PathLike,
+    keys: Sequence[str] | None = None,
+    *,
+    x: str = "step",
+    max_panels: int = 16,
+) -> pathlib.Path:
+    """One panel per metric vs ``x`` from the trainer's JSON-lines metrics.
+
+    Args:
+      metrics_jsonl_path: one JSON object per line, each with an ``x`` field ("step").
+      keys: metric names; a name also matches ``<prefix>/<name>`` (e.g. "reward" finds
+        "train/reward"); missing names are skipped. Default: every numeric key.
+      x: the x-axis field.
+    """
+    records = [r for r in read_metrics_jsonl(metrics_jsonl_path) if _is_number(r.get(x))]
+    available = sorted({k for r in records for k, v in r.items() if k != x and _is_number(v)})
+    if keys is None:
+        chosen = available[:max_panels]
+    else:
+        chosen = [k for k in (_resolve_key(key, available) for key in keys) if k is not None]
+    if not chosen:
+        raise ValueError(
+            f"no requested metric {list(keys) if keys else []} with a numeric '{x}' in "
+            f"{metrics_jsonl_path}; available: {available[:30]}."
+        )
+    cols = min(3, len(chosen))
+    rows = math.ceil(len(chosen) / cols)
+    fig = Figure(figsize=(4.0 * cols, 2.8 * rows))
+    for i, key in enumerate(chosen):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        pts = np.asarray([(r[x], r[key]) for r in records if _is_number(r.get(key))], np.float64)
+        pts = pts[np.isfinite(pts).all(axis=1)] if pts.size else pts.reshape(0, 2)
+        ax.plot(pts[:, 0], pts[:, 1], linewidth=1.2)
+        ax.set_title(key, fontsize=9)
+        ax.set_xlabel(x, fontsize=8)
+        ax.grid(True, alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_curves(metrics_jsonl: str | os.PathLike, png: str | os.PathLike, keys: Sequence[str] | None = None,
+                **kwargs: Any) -> pathlib.Path:
+    """Alias of ``plot_training_curves`` (INTERFACES name)."""
+    return plot_training_curves(metrics_jsonl, png, keys, **kwargs)
