@@ -1,0 +1,129 @@
+"""Per-token policy entropy and the entropy-feedback clip controller (SPEC §3.6).
+
+The controller follows MAI-Thinking-1: a bounded integral state k raises the upper ratio
+clip when the measured entropy Ĥ falls below a target H*,
+
+    k ← clip(k + δ·sign(H* − Ĥ), 0, k_max),     upper clip = (1 − ε)^−1 + k,
+
+so clip-higher widens exactly when the policy is collapsing. It is an `(init, update)`
+pair over a NamedTuple of arrays, like an optax transformation (jit-friendly, saved with
+the checkpoint).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from jaxrl_vr import ratios
+
+
+def entropy_from_logits(logits_btv: jax.Array, *, chunk_size: int | None = None) -> jax.Array:
+    """Per-token entropy H = −Σ_v p_v log p_v of softmax(logits), float32 (**contract**).
+
+    Logits are upcast to float32 one time-chunk at a time (no full float32 copy of a bf16
+    input); log p = z − logsumexp(z) is stable, and p_v = 0 terms (e.g. −inf logits)
+    contribute exactly 0.
+
+    Args:
+        logits_btv: [B, T, V] logits, float32 or bf16.
+        chunk_size: time steps per chunk; None picks `ratios.auto_chunk_size(B, T, V)`.
+
+    Returns:
+        entropy_bt: [B, T] float32, in [0, log V].
+    """
+    chex.assert_rank(logits_btv, 3)
+    chex.assert_type(logits_btv, float)
+    batch, length, vocab = logits_btv.shape
+    if chunk_size is None:
+        chunk_size = ratios.auto_chunk_size(batch, length, vocab)
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(
+            f"chunk_size must be a positive int (or None for auto), got {chunk_size!r}.")
+
+    dummy_tokens_bt = jnp.zeros((batch, length), jnp.int32)
+    (entropy_bt,) = ratios.map_logits_chunks(_upcast_entropy, logits_btv, dummy_tokens_bt,
+                                             chunk_size)
+    return entropy_bt
+
+
+def _upcast_entropy(logits_bcv: jax.Array, tokens_bc: jax.Array) -> tuple[jax.Array]:
+    del tokens_bc  # map_logits_chunks passes tokens; entropy does not need them.
+    logits_bcv = logits_bcv.astype(jnp.float32)
+    logsumexp_bc = jax.nn.logsumexp(logits_bcv, axis=-1)
+    return (ratios.entropy_from_logsumexp(logits_bcv, logsumexp_bc),)
+
+
+class EntropyControllerState(NamedTuple):
+    """State of the entropy-feedback controller.
+
+    Attributes:
+        k: float32 scalar, the bounded integral term added to the upper clip, in [0, k_max].
+        count: int32 scalar, number of updates applied.
+    """
+
+    k: jax.Array
+    count: jax.Array
+
+
+def entropy_controller_init(*, k_init: float = 0.0) -> EntropyControllerState:
+    """Initial controller state: k = k_init (default 0: plain clip), count = 0."""
+    return EntropyControllerState(k=jnp.asarray(k_init, jnp.float32),
+                                  count=jnp.zeros((), jnp.int32))
+
+
+def entropy_controller_update(
+    state: EntropyControllerState,
+    entropy: jax.Array,
+    *,
+    target: float | jax.Array,
+    step_size: float | jax.Array,
+    k_max: float | jax.Array,
+) -> EntropyControllerState:
+    """One controller step: k ← clip(k + δ·sign(H* − Ĥ), 0, k_max) (MAI-Thinking-1).
+
+    Entropy below target (collapse) raises k, widening the upper clip; above target lowers
+    it. Ĥ exactly at target leaves k unchanged.
+
+    Args:
+        state: current EntropyControllerState.
+        entropy: Ĥ, float scalar: the measured mean token entropy of the last batch.
+        target: H*, the target entropy (nats).
+        step_size: δ ≥ 0.
+        k_max: upper bound of k.
+
+    Returns:
+        The new EntropyControllerState.
+    """
+    entropy = jnp.asarray(entropy, jnp.float32)
+    chex.assert_rank(entropy, 0)
+    error = jnp.asarray(target, jnp.float32) - entropy  # H* − Ĥ
+    step = jnp.asarray(step_size, jnp.float32) * jnp.sign(error)
+    k = jnp.clip(state.k + step, 0.0, jnp.asarray(k_max, jnp.float32))
+    return EntropyControllerState(k=k, count=state.count + 1)
+
+
+def controlled_upper_clip(state: EntropyControllerState,
+                          eps_high: float | jax.Array) -> jax.Array:
+    """Upper ratio clip bound (1 − ε)^−1 + k (MAI-Thinking-1), float32 scalar.
+
+    With k = 0 this is 1/(1 − ε) ≈ 1 + ε, the log-symmetric partner of the lower bound
+    1 − ε. The trainer passes `eps_high = controlled_upper_clip(state, eps) − 1` to
+    `losses.clipped_surrogate` (see `controlled_eps_high`).
+
+    Args:
+        state: EntropyControllerState.
+        eps_high: ε of the base upper bound, in [0, 1).
+
+    Returns:
+        float32 scalar upper bound of the ratio.
+    """
+    return 1.0 / (1.0 - jnp.asarray(eps_high, jnp.float32)) + state.k
+
+
+def controlled_eps_high(state: EntropyControllerState, eps_high: float | jax.Array) -> jax.Array:
+    """eps_high for `losses.clipped_surrogate`: controlled_upper_clip(state, eps_high) − 1."""
+    return controlled_upper_clip(state, eps_high) - 1.0

@@ -1,0 +1,338 @@
+"""Token log-probabilities and importance log-ratios (SPEC §3.4).
+
+Everything returned here is float32, also when logits, hidden states or the unembedding are
+bf16. Large-vocabulary work is chunked over the time axis T so that neither the forward nor
+the backward pass holds a float32 [B, T, V] array:
+
+- from logits (`token_logprobs`): each chunk is a slice read inside a loop, upcast, reduced
+  and dropped; a custom VJP recomputes chunk by chunk and writes the logits gradient into
+  one buffer (`map_logits_chunks`).
+- from hidden states (`token_logprobs_from_hidden`, what the trainer uses): logits are
+  formed chunk by chunk from h @ W; each chunk body is under `jax.checkpoint`
+  (`map_time_chunks`), so [B, T, V] logits never exist at all.
+
+References: GSPO, Zheng et al. 2025, arXiv 2507.18071 (sequence-level ratio).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import chex
+import jax
+import jax.numpy as jnp
+
+LOG_RATIO_BOUND = 20.0
+"""|log-ratio| cap applied before any exp: exp(20) ≈ 4.9e8 is finite in float32."""
+
+DEFAULT_CHUNK_ELEMENTS = 1 << 24
+"""Auto chunking budget: float32 elements of one [B, chunk, V] logits chunk (64 MiB)."""
+
+
+def auto_chunk_size(batch: int, length: int, vocab: int, *,
+                    budget_elements: int = DEFAULT_CHUNK_ELEMENTS) -> int:
+    """Largest time chunk whose float32 [batch, chunk, vocab] logits fit `budget_elements`.
+
+    Returns `length` (no chunking) when the whole sequence fits; otherwise a chunk of at
+    least 1, rounded down to a multiple of 8 when it is 8 or more.
+    """
+    chunk = max(1, budget_elements // max(1, batch * vocab))
+    if chunk >= length:
+        return max(1, length)
+    return chunk - chunk % 8 if chunk >= 8 else chunk
+
+
+def map_time_chunks(fn: Callable[..., Any], arrays_bt: tuple[jax.Array, ...],
+                    chunk_size: int) -> Any:
+    """Applies `fn` to [B, chunk, ...] slices of `arrays_bt` and concatenates over time.
+
+    Each array has leading axes [B, T]. T is zero-padded up to a multiple of `chunk_size`
+    (the padded outputs are dropped). Chunks run sequentially under `jax.lax.map`, each body
+    under `jax.checkpoint`, so only one chunk's intermediates are alive at a time in the
+    forward and in the backward pass. `fn` returns a pytree of [B, chunk, ...] arrays
+    (`None` leaves are allowed).
+    """
+    batch, length = arrays_bt[0].shape[:2]
+    checkpointed_fn = jax.checkpoint(fn)
+    if chunk_size >= length:
+        return checkpointed_fn(*arrays_bt)
+    num_chunks = -(-length // chunk_size)
+    padded_length = num_chunks * chunk_size
+
+    def to_chunks(x):
+        pad = [(0, 0), (0, padded_length - length)] + [(0, 0)] * (x.ndim - 2)
+        x = jnp.pad(x, pad)
+        x = x.reshape((batch, num_chunks, chunk_size) + x.shape[2:])
+        return jnp.moveaxis(x, 1, 0)  # [n, B, chunk, ...]
+
+    def from_chunks(y):
+        y = jnp.moveaxis(y, 0, 1)  # [B, n, chunk, ...]
+        y = y.reshape((batch, padded_length) + y.shape[3:])
+        return y[:, :length]
+
+    outputs = jax.lax.map(lambda xs: checkpointed_fn(*xs),
+                          tuple(to_chunks(x) for x in arrays_bt))
+    return jax.tree.map(from_chunks, outputs)
+
+
+def _slice_chunk(logits_btv, tokens_bt, start, size):
+    """Time slice [start, start + size) of logits and tokens (start may be traced).
+
+    The barrier keeps XLA from rewriting convert(slice(x)) into slice(convert(x)) and then
+    hoisting a float32 copy of the whole [B, T, V] array out of the loop.
+    """
+    logits_bcv = jax.lax.dynamic_slice_in_dim(logits_btv, start, size, axis=1)
+    tokens_bc = jax.lax.dynamic_slice_in_dim(tokens_bt, start, size, axis=1)
+    return jax.lax.optimization_barrier((logits_bcv, tokens_bc))
+
+
+def _for_each_chunk(length: int, chunk_size: int, body, carry):
+    """carry = body(start, size, carry) over [0, T) in chunks: a loop, then a static tail."""
+    num_full, tail = divmod(length, chunk_size)
+    if num_full == 1:
+        carry = body(0, chunk_size, carry)
+    elif num_full > 1:
+        carry = jax.lax.fori_loop(
+            0, num_full, lambda i, c: body(i * chunk_size, chunk_size, c), carry)
+    if tail:
+        carry = body(num_full * chunk_size, tail, carry)
+    return carry
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
+def map_logits_chunks(fn: Callable[[jax.Array, jax.Array], tuple[jax.Array, ...]],
+                      logits_btv: jax.Array, tokens_bt: jax.Array,
+                      chunk_size: int) -> tuple[jax.Array, ...]:
+    """Applies fn(logits_bcv, tokens_bc) -> tuple of [B, c] arrays to time slices of logits.
+
+    Unlike `map_time_chunks` this never copies or reshapes the [B, T, V] input: each chunk
+    is a `dynamic_slice` read inside a loop (so the compiler cannot hoist an upcast of the
+    whole array), and a custom VJP recomputes each chunk in the backward pass and writes
+    its logits cotangent (in the logits dtype) into one preallocated buffer. Peak extra
+    memory is O(B · chunk · V) float32 plus the gradient itself. `fn` must be a pure
+    module-level function (no closed-over arrays); T need not divide by chunk_size.
+    """
+    return _map_logits_chunks_fwd(fn, logits_btv, tokens_bt, chunk_size)[0]
+
+
+def _map_logits_chunks_fwd(fn, logits_btv, tokens_bt, chunk_size):
+    batch, length = tokens_bt.shape
+    out_shapes = jax.eval_shape(
+        fn, jax.ShapeDtypeStruct((batch, 1) + logits_btv.shape[2:], logits_btv.dtype),
+        jax.ShapeDtypeStruct((batch, 1), tokens_bt.dtype))
+    outputs = tuple(jnp.zeros((batch, length), o.dtype) for o in out_shapes)
+
+    def body(start, size, outputs):
+        chunk_outputs = fn(*_slice_chunk(logits_btv, tokens_bt, start, size))
+        return tuple(jax.lax.dynamic_update_slice_in_dim(o, x, start, axis=1)
+                     for o, x in zip(outputs, chunk_outputs))
+
+    outputs = _for_each_chunk(length, chunk_size, body, outputs)
+    return outputs, (logits_btv, tokens_bt)
+
+
+def _map_logits_chunks_bwd(fn, chunk_size, residuals, cotangents):
+    logits_btv, tokens_bt = residuals
+    length = tokens_bt.shape[1]
+
+    def body(start, size, grad_btv):
+        logits_bcv, tokens_bc = _slice_chunk(logits_btv, tokens_bt, start, size)
+        _, vjp_fn = jax.vjp(lambda x: fn(x, tokens_bc), logits_bcv)
+        chunk_cotangents = tuple(jax.lax.dynamic_slice_in_dim(c, start, size, axis=1)
+                                 for c in cotangents)
+        (grad_bcv,) = vjp_fn(chunk_cotangents)
+        return jax.lax.dynamic_update_slice_in_dim(
+            grad_btv, grad_bcv.astype(grad_btv.dtype), start, axis=1)
+
+    grad_btv = _for_each_chunk(length, chunk_size, body, jnp.zeros_like(logits_btv))
+    return grad_btv, None
+
+
+map_logits_chunks.defvjp(_map_logits_chunks_fwd, _map_logits_chunks_bwd)
+
+
+def _check_tokens(tokens_bt: jax.Array, batch_length: tuple[int, int], name: str) -> None:
+    if tokens_bt.shape != batch_length:
+        raise ValueError(f"tokens_bt has shape {tokens_bt.shape} but {name} implies [B, T] = "
+                         f"{batch_length}; pass the response tokens aligned with {name}.")
+    if not jnp.issubdtype(tokens_bt.dtype, jnp.integer):
+        raise TypeError(f"tokens_bt must be an integer array, got {tokens_bt.dtype}.")
+
+
+def _logprob_and_entropy(logits_bcv: jax.Array, tokens_bc: jax.Array,
+                         with_entropy: bool) -> tuple[jax.Array, jax.Array | None]:
+    """float32 log π(token) (and entropy) of one chunk; logits already float32."""
+    vocab = logits_bcv.shape[-1]
+    # Out-of-range ids (e.g. -1 padding) are clipped so they give a finite, maskable value.
+    tokens_bc = jnp.clip(tokens_bc, 0, vocab - 1)
+    logsumexp_bc = jax.nn.logsumexp(logits_bcv, axis=-1)
+    token_logit_bc = jnp.take_along_axis(logits_bcv, tokens_bc[..., None], axis=-1)[..., 0]
+    logp_bc = token_logit_bc - logsumexp_bc
+    if not with_entropy:
+        return logp_bc, None
+    return logp_bc, entropy_from_logsumexp(logits_bcv, logsumexp_bc)
+
+
+def entropy_from_logsumexp(logits_bcv: jax.Array, logsumexp_bc: jax.Array) -> jax.Array:
+    """Entropy H = −Σ_v p_v log p_v from float32 logits [..., V] and their logsumexp [...].
+
+    log p = z − logsumexp(z); terms with p_v = 0 (e.g. −inf logits) contribute exactly 0,
+    with zero gradient. Returns [...] float32.
+    """
+    logp_bcv = logits_bcv - logsumexp_bc[..., None]
+    p_bcv = jnp.exp(logp_bcv)
+    safe_logp_bcv = jnp.where(p_bcv > 0, logp_bcv, 0.0)
+    return -jnp.sum(p_bcv * safe_logp_bcv, axis=-1)
+
+
+def token_logprobs(logits_btv: jax.Array, tokens_bt: jax.Array, *,
+                   chunk_size: int | None = None) -> jax.Array:
+    """float32 log π(token_bt) from logits of any float dtype (SPEC §3.4, **contract**).
+
+    log π(y_t) = z_t[y_t] − logsumexp_v z_t[v], with z upcast to float32 one time-chunk at a
+    time, so a bf16 [B, T, V] input never gets a full float32 copy (`map_logits_chunks`;
+    the gradient w.r.t. the logits is exact and has the logits dtype). Note: XLA's CPU
+    backend itself widens bf16 buffers to float32; the saving shows on GPU/TPU and, on any
+    backend, for float32 inputs (no float32 softmax temporary of [B, T, V]).
+
+    Args:
+        logits_btv: [B, T, V] logits (float32 or bf16); position t scores token_bt[:, t].
+        tokens_bt: [B, T] integer token ids. Ids outside [0, V) are clipped (mask them).
+        chunk_size: time steps per chunk; None picks `auto_chunk_size(B, T, V)`.
+
+    Returns:
+        logp_bt: [B, T] float32.
+    """
+    chex.assert_rank(logits_btv, 3)
+    chex.assert_type(logits_btv, float)
+    _check_tokens(tokens_bt, logits_btv.shape[:2], "logits_btv")
+    batch, length, vocab = logits_btv.shape
+    if chunk_size is None:
+        chunk_size = auto_chunk_size(batch, length, vocab)
+    _check_chunk_size(chunk_size)
+
+    (logp_bt,) = map_logits_chunks(_upcast_token_logprobs, logits_btv, tokens_bt, chunk_size)
+    return logp_bt
+
+
+def _upcast_token_logprobs(logits_bcv: jax.Array, tokens_bc: jax.Array) -> tuple[jax.Array]:
+    logp_bc, _ = _logprob_and_entropy(logits_bcv.astype(jnp.float32), tokens_bc, False)
+    return (logp_bc,)
+
+
+def token_logprobs_from_hidden(
+        hidden_btd: jax.Array,
+        unembed_dv: jax.Array,
+        tokens_bt: jax.Array,
+        *,
+        chunk_size: int | None = None,
+        with_entropy: bool = False,
+        precision: jax.lax.PrecisionLike = None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """float32 log π(token) (and entropy) from final hidden states, never forming [B, T, V].
+
+    Per time chunk c: z_bcv = hidden_bcd @ unembed_dv accumulated in float32
+    (`preferred_element_type=float32`, so bf16 inputs are fine), then
+    log π = z[y] − logsumexp(z) and, optionally, H = −Σ_v p_v log p_v. Each chunk body is
+    under `jax.checkpoint`: the backward pass recomputes one chunk's logits at a time, so
+    peak memory is O(B · chunk · V) instead of O(B · T · V). (With a bf16 unembedding its
+    gradient is summed over chunks in bf16.)
+
+    Args:
+        hidden_btd: [B, T, D] final (normed) hidden states; position t scores token_bt[:, t].
+        unembed_dv: [D, V] output projection (the embedding transposed when tied).
+        tokens_bt: [B, T] integer token ids; ids outside [0, V) are clipped (mask them).
+        chunk_size: time steps per chunk; None picks `auto_chunk_size(B, T, V)`.
+        with_entropy: also return the per-token entropy of π (float32).
+        precision: matmul precision passed to `jnp.einsum`.
+
+    Returns:
+        (logp_bt [B, T] float32, entropy_bt [B, T] float32 or None).
+    """
+    chex.assert_rank(hidden_btd, 3)
+    chex.assert_rank(unembed_dv, 2)
+    chex.assert_type([hidden_btd, unembed_dv], [float, float])
+    if hidden_btd.shape[-1] != unembed_dv.shape[0]:
+        raise ValueError(f"hidden_btd width {hidden_btd.shape[-1]} != unembed_dv rows "
+                         f"{unembed_dv.shape[0]}; pass the [D, V] unembedding (transpose a "
+                         "[V, D] embedding).")
+    _check_tokens(tokens_bt, hidden_btd.shape[:2], "hidden_btd")
+    batch, length, _ = hidden_btd.shape
+    vocab = unembed_dv.shape[1]
+    if chunk_size is None:
+        chunk_size = auto_chunk_size(batch, length, vocab)
+    _check_chunk_size(chunk_size)
+
+    def chunk_fn(hidden_bcd, tokens_bc):
+        logits_bcv = jnp.einsum("bcd,dv->bcv", hidden_bcd, unembed_dv,
+                                preferred_element_type=jnp.float32, precision=precision)
+        return _logprob_and_entropy(logits_bcv.astype(jnp.float32), tokens_bc, with_entropy)
+
+    return map_time_chunks(chunk_fn, (hidden_btd, tokens_bt), chunk_size)
+
+
+def _check_chunk_size(chunk_size: int) -> None:
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(
+            f"chunk_size must be a positive int (or None for auto), got {chunk_size!r}.")
+
+
+def clip_log_ratio(log_ratio: jax.Array, bound: float = LOG_RATIO_BOUND) -> jax.Array:
+    """Clips a log-ratio to [−bound, bound] so exp() stays finite (float32)."""
+    return jnp.clip(jnp.asarray(log_ratio, jnp.float32), -bound, bound)
+
+
+def token_log_ratio(logp_bt: jax.Array, old_logp_bt: jax.Array) -> jax.Array:
+    """Per-token log π_θ − log π_old, clipped to ±20 before any exp (SPEC §3.4). float32."""
+    chex.assert_equal_shape([logp_bt, old_logp_bt])
+    return clip_log_ratio(logp_bt.astype(jnp.float32) - old_logp_bt.astype(jnp.float32))
+
+
+def sequence_log_ratio(logp_bt: jax.Array, old_logp_bt: jax.Array,
+                       mask_bt: jax.Array) -> jax.Array:
+    """GSPO sequence log-ratio log s_i = (1/|y_i|) Σ_t (log π_θ − log π_old) (**contract**).
+
+    s_i = exp(log s_i) is the geometric mean of the token ratios (GSPO, arXiv 2507.18071).
+    Masked positions are ignored (also if they hold inf/NaN); a response with no valid token
+    gets 0. The result is clipped to ±20.
+
+    Args:
+        logp_bt: [B, T] current-policy log-probs.
+        old_logp_bt: [B, T] behaviour-policy log-probs (data).
+        mask_bt: [B, T] bool, True = response token.
+
+    Returns:
+        [B] float32.
+    """
+    chex.assert_rank([logp_bt, mask_bt], 2)
+    chex.assert_equal_shape([logp_bt, old_logp_bt, mask_bt])
+    chex.assert_type(mask_bt, bool)
+    diff_bt = logp_bt.astype(jnp.float32) - old_logp_bt.astype(jnp.float32)
+    diff_bt = jnp.where(mask_bt, diff_bt, 0.0)
+    length_b = jnp.sum(mask_bt, axis=1).astype(jnp.float32)
+    return clip_log_ratio(jnp.sum(diff_bt, axis=1) / jnp.maximum(length_b, 1.0))
+
+
+def gspo_token_log_ratio(logp_bt: jax.Array, old_logp_bt: jax.Array,
+                         mask_bt: jax.Array) -> jax.Array:
+    """GSPO-token log-ratio: value of the sequence, gradient of the token (**contract**).
+
+    log s_{i,t} = sg(log s_i) + log π_θ(y_t) − sg(log π_θ(y_t))   (GSPO, arXiv 2507.18071)
+
+    so exp() of it equals s_i everywhere while ∂/∂ log π_θ(y_t) = s_{i,t} per token. Combined
+    with a per-token mean this gives exactly GSPO's sequence-level gradient. Masked positions
+    are 0 with zero gradient.
+
+    Args:
+        logp_bt, old_logp_bt: [B, T] current / behaviour log-probs.
+        mask_bt: [B, T] bool.
+
+    Returns:
+        [B, T] float32.
+    """
+    seq_log_ratio_b = sequence_log_ratio(logp_bt, old_logp_bt, mask_bt)
+    logp_bt = logp_bt.astype(jnp.float32)
+    token_part_bt = logp_bt - jax.lax.stop_gradient(logp_bt)
+    value_bt = jax.lax.stop_gradient(seq_log_ratio_b)[:, None] + token_part_bt
+    return jnp.where(mask_bt, value_bt, 0.0)
