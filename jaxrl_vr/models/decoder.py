@@ -1,0 +1,362 @@
+"""Flax NNX decoder-only transformer covering Llama (incl. SmolLM2), Qwen2 and Qwen3.
+
+Pre-norm blocks: x += Attn(RMSNorm(x)); x += SwiGLU(RMSNorm(x)). Attention is grouped-query
+(GQA) with rotary position embeddings in Hugging Face's `rotate_half` convention (the first
+and second halves of each head are the rotated pairs), so HF safetensors load without any
+permutation. Layer parameters are stacked along a leading layer axis L and the blocks run
+under one `jax.lax.scan`, so compile time does not grow with depth.
+
+Precision: activations run in the parameter dtype (float32 or bfloat16); RMSNorm statistics,
+attention softmax and the logits are float32. Masked attention logits use `finfo.min`, never
+-inf, so fully masked rows (left padding) give finite values, not NaN.
+
+References: Llama (Touvron et al. 2023, arXiv 2302.13971), RoPE (Su et al., arXiv 2104.09864),
+GQA (Ainslie et al., arXiv 2305.13245), SwiGLU (Shazeer, arXiv 2002.05202), Llama 3 RoPE
+scaling (arXiv 2407.21783), Qwen2 (arXiv 2407.10671), Qwen3 (arXiv 2505.09388).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_vr.models.config import DecoderConfig
+
+_INIT_STD = 0.02  # HF initializer_range default.
+
+# Stacked per-layer parameter names (each carries a leading L axis).
+LAYER_PARAM_NAMES = (
+    "attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "bo", "q_norm", "k_norm",
+    "mlp_norm", "w_gate", "w_up", "w_down",
+)
+
+
+class KVCache(NamedTuple):
+    """Static-shape key/value cache for all layers.
+
+    Attributes:
+      keys_lbmke: [L, B, M, Hkv, Dh] rotated keys (M = cache length in slots).
+      values_lbmke: [L, B, M, Hkv, Dh] values.
+      valid_bm: bool [B, M], True where a slot holds a real token (False for left padding
+        and for slots not yet written).
+      index: int32 scalar, the next slot to write (shared by the batch).
+    """
+
+    keys_lbmke: jax.Array
+    values_lbmke: jax.Array
+    valid_bm: jax.Array
+    index: jax.Array
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """x / sqrt(mean(x²) + eps) · weight, statistics in float32 (HF LlamaRMSNorm order)."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+    return _lead(weight, x.ndim) * normed.astype(x.dtype)
+
+
+def _lead(w: jax.Array, ndim: int) -> jax.Array:
+    """Adds leading unit axes so `w` broadcasts against a rank-`ndim` array explicitly."""
+    return w.reshape((1,) * (ndim - w.ndim) + w.shape)
+
+
+def rope_inv_freq(config: DecoderConfig) -> np.ndarray:
+    """Inverse frequencies θ^(−2i/Dh), i < Dh/2, with Llama-3 scaling when configured.
+
+    Llama 3 (arXiv 2407.21783): wavelengths λ = 2π/f longer than L_orig/low_freq_factor are
+    divided by `factor`; shorter than L_orig/high_freq_factor kept; in between blended with
+    s = (L_orig/λ − low) / (high − low): f' = (1 − s)·f/factor + s·f.
+    """
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))
+    scaling = config.rope_scaling_dict
+    if scaling is None:
+        return inv_freq.astype(np.float32)
+    factor = float(scaling["factor"])
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    old_len = float(scaling["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < old_len / high) & ~(wavelen > old_len / low)
+    return np.where(is_medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_cos_sin(positions_bt: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+    """cos, sin of shape [B, T, Dh] (each frequency repeated for both halves), float32."""
+    freqs_bte = positions_bt.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
+    emb_bte = jnp.concatenate([freqs_bte, freqs_bte], axis=-1)
+    return jnp.cos(emb_bte), jnp.sin(emb_bte)
+
+
+def apply_rope(x_bthe: jax.Array, cos_bte: jax.Array, sin_bte: jax.Array) -> jax.Array:
+    """x·cos + rotate_half(x)·sin with rotate_half(x) = [−x₂, x₁] (HF convention), float32 math."""
+    x = x_bthe.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    out = x * cos_bte[:, :, None, :] + rotated * sin_bte[:, :, None, :]
+    return out.astype(x_bthe.dtype)
+
+
+def attend(q_bthe: jax.Array, k_bske: jax.Array, v_bske: jax.Array, allowed_bts: jax.Array) -> jax.Array:
+    """Grouped-query softmax attention; query head h uses kv head h // (H / Hkv) (HF repeat_kv).
+
+    Logits q·k/√Dh are float32, masked with finfo.min where `allowed_bts` is False.
+    Returns [B, T, H, Dh] in the value dtype.
+    """
+    b, t, h, e = q_bthe.shape
+    kv_heads = k_bske.shape[2]
+    q_btkge = q_bthe.reshape(b, t, kv_heads, h // kv_heads, e)
+    logits = jnp.einsum("btkge,bske->bkgts", q_btkge, k_bske, preferred_element_type=jnp.float32)
+    logits = logits * (1.0 / math.sqrt(e))
+    logits = jnp.where(allowed_bts[:, None, None], logits, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v_bske.dtype)
+    out = jnp.einsum("bkgts,bske->btkge", probs, v_bske)
+    return out.reshape(b, t, h, e)
+
+
+def default_positions(mask_bt: jax.Array) -> jax.Array:
+    """Position ids cumsum(mask) − 1 (0 at left padding): real tokens count 0, 1, 2, ..."""
+    return jnp.maximum(jnp.cumsum(mask_bt.astype(jnp.int32), axis=1) - 1, 0)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def init_params(key: jax.Array, config: DecoderConfig) -> dict[str, jax.Array]:
+    """Fresh parameters as one jitted computation (eager per-shape init compiles ~1 s per shape).
+
+    Matrices ~ normal(0, 0.02) (HF initializer_range), norms 1, biases 0; parameter dtype.
+    Keys: `embed`, `lm_head` (untied only), `final_norm`, and `layers.<name>` stacked [L, ...].
+    """
+    c = config
+    dtype = jnp.dtype(c.param_dtype)
+    n, d, f, e, v = c.num_layers, c.hidden_size, c.intermediate_size, c.head_dim, c.vocab_size
+    h, k = c.num_heads, c.num_kv_heads
+    normal_shapes = {"embed": (v, d), "layers.wq": (n, d, h, e), "layers.wk": (n, d, k, e),
+                     "layers.wv": (n, d, k, e), "layers.wo": (n, h, e, d), "layers.w_gate": (n, d, f),
+                     "layers.w_up": (n, d, f), "layers.w_down": (n, f, d)}
+    if not c.tie_word_embeddings:
+        normal_shapes["lm_head"] = (d, v)
+    # One flat draw split into pieces: a single RNG kernel compiles much faster than one per shape.
+    sizes = [math.prod(shape) for shape in normal_shapes.values()]
+    flat = _INIT_STD * jax.random.normal(key, (sum(sizes),), jnp.float32)
+    offsets = np.cumsum([0] + sizes)
+    params = {name: flat[start:start + size].reshape(shape).astype(dtype)
+              for (name, shape), start, size in zip(normal_shapes.items(), offsets, sizes)}
+    constants = {"final_norm": (1.0, (d,)), "layers.attn_norm": (1.0, (n, d)), "layers.mlp_norm": (1.0, (n, d))}
+    if c.attention_bias:
+        constants.update({"layers.bq": (0.0, (n, h, e)), "layers.bk": (0.0, (n, k, e)), "layers.bv": (0.0, (n, k, e))})
+    if c.attention_out_bias:
+        constants["layers.bo"] = (0.0, (n, d))
+    if c.qk_norm:
+        constants.update({"layers.q_norm": (1.0, (n, e)), "layers.k_norm": (1.0, (n, e))})
+    params.update({name: jnp.full(shape, value, dtype) for name, (value, shape) in constants.items()})
+    return params
+
+
+class DecoderLayers(nnx.Module):
+    """All transformer blocks' parameters, stacked along a leading layer axis L."""
+
+    def __init__(self, params: dict[str, jax.Array]):
+        for name in LAYER_PARAM_NAMES:
+            value = params.get(f"layers.{name}")
+            setattr(self, name, None if value is None else nnx.Param(value))
+
+    def stacked(self) -> dict[str, jax.Array]:
+        """Present parameters as a dict of [L, ...] arrays (the xs of the layer scan)."""
+        return {name: getattr(self, name)[...] for name in LAYER_PARAM_NAMES if getattr(self, name) is not None}
+
+
+def _block(config: DecoderConfig, p: dict[str, jax.Array], x_btd: jax.Array, cos_bte, sin_bte, kv_fn):
+    """One pre-norm block; returns (new x, kv_fn's auxiliary output).
+
+    `kv_fn(k_btke, v_btke) -> (keys_bske, values_bske, allowed_bts, aux)` picks the attention
+    context: the chunk itself, or the KV cache after writing the chunk (aux = updated cache).
+    """
+    eps = config.rms_norm_eps
+    h_btd = rms_norm(x_btd, p["attn_norm"], eps)
+    q = jnp.einsum("btd,dhe->bthe", h_btd, p["wq"])
+    k = jnp.einsum("btd,dke->btke", h_btd, p["wk"])
+    v = jnp.einsum("btd,dke->btke", h_btd, p["wv"])
+    if "bq" in p:
+        q, k, v = q + _lead(p["bq"], 4), k + _lead(p["bk"], 4), v + _lead(p["bv"], 4)
+    if "q_norm" in p:
+        q, k = rms_norm(q, p["q_norm"], eps), rms_norm(k, p["k_norm"], eps)
+    q, k = apply_rope(q, cos_bte, sin_bte), apply_rope(k, cos_bte, sin_bte)
+    keys, values, allowed_bts, aux = kv_fn(k, v)
+    attn_bthe = attend(q, keys, values, allowed_bts)
+    out_btd = jnp.einsum("bthe,hed->btd", attn_bthe, p["wo"])
+    if "bo" in p:
+        out_btd = out_btd + _lead(p["bo"], 3)
+    x_btd = x_btd + out_btd
+    h_btd = rms_norm(x_btd, p["mlp_norm"], eps)
+    gate = jnp.einsum("btd,df->btf", h_btd, p["w_gate"])
+    up = jnp.einsum("btd,df->btf", h_btd, p["w_up"])
+    return x_btd + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, p["w_down"]), aux
+
+
+class Decoder(nnx.Module):
+    """Decoder-only transformer (Llama / Qwen2 / Qwen3) with a static-shape KV cache.
+
+    Parameters (state paths): `embed` [V, D], `lm_head` [D, V] (None when tied),
+    `final_norm` [D], and `layers.<name>` stacked [L, ...] (see `DecoderLayers`):
+    wq [L, D, H, Dh], wk/wv [L, D, Hkv, Dh], wo [L, H, Dh, D], w_gate/w_up [L, D, F],
+    w_down [L, F, D], norms [L, D] / [L, Dh], biases [L, H|Hkv, Dh] / [L, D].
+
+    Args:
+      config: the architecture.
+      rngs: parameter initialisation randomness (normal(0, 0.02) matrices, unit norms, zero biases).
+      remat: recompute each block in the backward pass (`jax.checkpoint`), trading compute
+        for activation memory.
+    """
+
+    def __init__(self, config: DecoderConfig, *, rngs: nnx.Rngs, remat: bool = False):
+        self.config = config
+        self.remat = remat
+        params = init_params(rngs.params(), config)
+        self.embed = nnx.Param(params["embed"])
+        self.layers = DecoderLayers(params)
+        self.final_norm = nnx.Param(params["final_norm"])
+        self.lm_head = None if config.tie_word_embeddings else nnx.Param(params["lm_head"])
+
+    # ---- public API -------------------------------------------------------------------------
+
+    def __call__(self, tokens_bt: jax.Array, *, positions_bt: jax.Array | None = None,
+                 mask_bt: jax.Array | None = None) -> jax.Array:
+        """Float32 logits [B, T, V] with causal attention over the real (mask=True) tokens.
+
+        Args:
+          tokens_bt: int [B, T] token ids.
+          positions_bt: int [B, T] RoPE positions; default cumsum(mask) − 1 (left padding ok).
+          mask_bt: bool [B, T], True = real token; default all True. Padded keys are never
+            attended to; outputs at padded query positions are finite but meaningless.
+        """
+        return self.logits(self.hidden_states(tokens_bt, positions_bt=positions_bt, mask_bt=mask_bt))
+
+    def hidden_states(self, tokens_bt: jax.Array, *, positions_bt: jax.Array | None = None,
+                      mask_bt: jax.Array | None = None) -> jax.Array:
+        """Final-normed hidden states [B, T, D] in the parameter dtype (see `__call__`)."""
+        tokens_bt, positions_bt, mask_bt = self._check_inputs(tokens_bt, positions_bt, mask_bt)
+        t = tokens_bt.shape[1]
+        causal_tt = jnp.tril(jnp.ones((t, t), dtype=bool))
+        allowed_bts = causal_tt[None] & mask_bt[:, None, :]
+
+        def kv_fn(k, v):
+            return k, v, allowed_bts, None
+
+        def body(x_btd, p):
+            return _block(self.config, p, x_btd, cos, sin, kv_fn)
+
+        if self.remat:
+            body = jax.checkpoint(body, prevent_cse=False)
+        cos, sin = rope_cos_sin(positions_bt, rope_inv_freq(self.config))
+        x_btd, _ = jax.lax.scan(body, self._embed(tokens_bt), self.layers.stacked())
+        return rms_norm(x_btd, self.final_norm[...], self.config.rms_norm_eps)
+
+    def unembed_matrix(self) -> jax.Array:
+        """[D, V] output projection (embedding transposed when tied), parameter dtype."""
+        if self.lm_head is None:
+            return self.embed[...].T
+        return self.lm_head[...]
+
+    def logits(self, hidden_btd: jax.Array) -> jax.Array:
+        """hidden [.., D] @ unembed [D, V] with float32 accumulation and output."""
+        return jnp.einsum("...d,dv->...v", hidden_btd, self.unembed_matrix(), preferred_element_type=jnp.float32)
+
+    def init_cache(self, batch: int, max_len: int, dtype: Any = None) -> KVCache:
+        """Empty cache: zero keys/values [L, batch, max_len, Hkv, Dh], no valid slot, index 0."""
+        c = self.config
+        dtype = jnp.dtype(dtype or c.param_dtype)
+        shape = (c.num_layers, batch, max_len, c.num_kv_heads, c.head_dim)
+        return KVCache(
+            keys_lbmke=jnp.zeros(shape, dtype),
+            values_lbmke=jnp.zeros(shape, dtype),
+            valid_bm=jnp.zeros((batch, max_len), bool),
+            index=jnp.zeros((), jnp.int32),
+        )
+
+    def decode_step(self, tokens_bt: jax.Array, positions_bt: jax.Array, cache: KVCache, *,
+                    mask_bt: jax.Array | None = None, last_only: bool = False) -> tuple[jax.Array, KVCache]:
+        """Runs T new tokens (prefill T > 1 or decode T = 1) against the cache.
+
+        The chunk is written to slots [index, index + T) (the caller keeps index + T <= M);
+        slot validity becomes `mask_bt` (default all True). Query t attends to every valid slot
+        s <= index + t, so left-padded prompts work.
+
+        Returns:
+          (float32 logits [B, T, V] — or [B, 1, V] for the last position when `last_only` —,
+          the updated cache).
+        """
+        tokens_bt, positions_bt, mask_bt = self._check_inputs(tokens_bt, positions_bt, mask_bt)
+        b, t = tokens_bt.shape
+        chex.assert_shape(cache.valid_bm, (b, None))
+        max_len = cache.valid_bm.shape[1]
+        if t > max_len:
+            raise ValueError(f"decode_step got {t} tokens but the cache holds only {max_len} slots.")
+        index = cache.index
+        valid_bm = jax.lax.dynamic_update_slice(cache.valid_bm, mask_bt, (0, index))
+        slots_m = jnp.arange(max_len, dtype=jnp.int32)
+        causal_tm = slots_m[None, :] <= index + jnp.arange(t, dtype=jnp.int32)[:, None]
+        allowed_btm = causal_tm[None] & valid_bm[:, None, :]
+        cos, sin = rope_cos_sin(positions_bt, rope_inv_freq(self.config))
+        cache_dtype = cache.keys_lbmke.dtype
+
+        def body(carry, xs):
+            x_btd, keys_all, values_all = carry
+            p, layer = xs
+
+            def kv_fn(k, v):
+                # Write this chunk into the carried [L, ...] cache in place, then read layer l back.
+                start = (layer, 0, index, 0, 0)
+                keys = jax.lax.dynamic_update_slice(keys_all, k[None].astype(cache_dtype), start)
+                values = jax.lax.dynamic_update_slice(values_all, v[None].astype(cache_dtype), start)
+                k_l = jax.lax.dynamic_index_in_dim(keys, layer, 0, keepdims=False)
+                v_l = jax.lax.dynamic_index_in_dim(values, layer, 0, keepdims=False)
+                return k_l.astype(k.dtype), v_l.astype(v.dtype), allowed_btm, (keys, values)
+
+            x_btd, (keys_all, values_all) = _block(self.config, p, x_btd, cos, sin, kv_fn)
+            return (x_btd, keys_all, values_all), None
+
+        layer_ids = jnp.arange(self.config.num_layers, dtype=jnp.int32)
+        (x_btd, keys_all, values_all), _ = jax.lax.scan(
+            body, (self._embed(tokens_bt), cache.keys_lbmke, cache.values_lbmke),
+            (self.layers.stacked(), layer_ids))
+        if last_only:
+            x_btd = x_btd[:, -1:]
+        hidden_btd = rms_norm(x_btd, self.final_norm[...], self.config.rms_norm_eps)
+        new_cache = KVCache(keys_all, values_all, valid_bm, (index + t).astype(jnp.int32))
+        return self.logits(hidden_btd), new_cache
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    def _embed(self, tokens_bt: jax.Array) -> jax.Array:
+        return jnp.take(self.embed[...], tokens_bt, axis=0)
+
+    def _check_inputs(self, tokens_bt, positions_bt, mask_bt):
+        tokens_bt = jnp.asarray(tokens_bt)
+        chex.assert_rank(tokens_bt, 2)
+        chex.assert_type(tokens_bt, int)
+        if mask_bt is None:
+            mask_bt = jnp.ones(tokens_bt.shape, bool)
+        mask_bt = jnp.asarray(mask_bt)
+        if mask_bt.dtype != jnp.bool_:
+            raise TypeError(f"mask_bt must be bool (True = real token), got {mask_bt.dtype}.")
+        chex.assert_equal_shape([tokens_bt, mask_bt])
+        if positions_bt is None:
+            positions_bt = default_positions(mask_bt)
+        positions_bt = jnp.asarray(positions_bt)
+        chex.assert_equal_shape([tokens_bt, positions_bt])
+        chex.assert_type(positions_bt, int)
+        return tokens_bt, positions_bt, mask_bt
+
+
+def num_params(model: Decoder) -> int:
+    """Total number of parameters."""
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

@@ -1,0 +1,224 @@
+"""Jitted autoregressive sampling with a static-shape KV cache.
+
+`generate` prefills each prompt once, broadcasts the prompt's cache to its G samples, then
+decodes one token per step under a `lax.while_loop` that stops as soon as every sequence has
+emitted a stop token (or after `max_new_tokens`). The jitted core takes the model as
+(graphdef: static, state: argument) via `nnx.split`, so new parameters from training reuse
+the compiled program. Prompt length S and the response buffer are rounded up to multiples
+of `bucket` (extra left padding / unused slots), and temperature, top-p, top-k,
+max_new_tokens, stop ids and pad id are traced values: changing them does not recompile.
+
+Log-probabilities: `Rollout.logp_bt` is log π(y_t | prefix) of the sampled token under the
+*untempered* model (temperature 1, no top-p/top-k truncation), float32 — the quantity the
+trainer's importance ratios compare against. It is not the log-probability under the
+tempered/truncated sampling distribution.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple, Sequence
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_vr.models.decoder import Decoder, default_positions
+
+DEFAULT_BUCKET = 16
+
+# Trace-time bookkeeping (Python side effects run once per compilation): tests use these to
+# check "no recompilation" and "one prefill per prompt, not per sample".
+TRACE_COUNTS: dict[str, int] = {"generate": 0}
+PREFILL_BATCH_SIZES: list[int] = []
+
+
+class Rollout(NamedTuple):
+    """Sampled responses, prompt-major: row b = p * G + g.
+
+    Attributes:
+      tokens_bt: int32 [B, T] response tokens, `pad_id` after the stop token.
+      logp_bt: float32 [B, T] untempered log π of each sampled token (0 where masked).
+      mask_bt: bool [B, T] response tokens, including the stop token.
+      length_b: int32 [B] number of response tokens (= mask_bt.sum(1)).
+      truncated_b: bool [B] True when no stop token was emitted within max_new_tokens.
+      prompt_tokens_bs: int32 [B, S] the (left-padded) prompts, repeated G times.
+      prompt_mask_bs: bool [B, S] their masks.
+    """
+
+    tokens_bt: jax.Array
+    logp_bt: jax.Array
+    mask_bt: jax.Array
+    length_b: jax.Array
+    truncated_b: jax.Array
+    prompt_tokens_bs: jax.Array
+    prompt_mask_bs: jax.Array
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def filter_logits(logits_bv: jax.Array, *, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """Keeps the top-k tokens, then the smallest set of those whose mass reaches top_p.
+
+    HF order: top-k first, top-p on the renormalised survivors (nucleus sampling,
+    Holtzman et al. 2019, arXiv 1904.09751). top_k <= 0 or top_p >= 1 disable a filter. The
+    most likely token is always kept; ties at the threshold are kept. Removed logits become
+    finfo.min. Float32 in, float32 out.
+    """
+    vocab = logits_bv.shape[-1]
+    sorted_bv = -jnp.sort(-logits_bv, axis=-1)  # Descending.
+    rank_1v = jnp.arange(vocab)[None, :]
+    in_top_k_1v = (top_k <= 0) | (rank_1v < top_k)
+    neg = jnp.finfo(jnp.float32).min
+    probs_bv = jax.nn.softmax(jnp.where(in_top_k_1v, sorted_bv, neg), axis=-1)
+    mass_before_bv = jnp.cumsum(probs_bv, axis=-1) - probs_bv
+    keep_sorted_bv = in_top_k_1v & ((mass_before_bv < top_p) | (rank_1v == 0))
+    num_keep_b = jnp.sum(keep_sorted_bv, axis=-1)
+    threshold_b = jnp.take_along_axis(sorted_bv, (num_keep_b - 1)[:, None], axis=-1)
+    return jnp.where(logits_bv >= threshold_b, logits_bv, neg)
+
+
+def sample_token(key: jax.Array, logits_bv: jax.Array, *, temperature: jax.Array, top_k: jax.Array,
+                 top_p: jax.Array, greedy: bool, use_filter: bool) -> jax.Array:
+    """One token per row: argmax when `greedy`, else categorical over filtered logits / T."""
+    if greedy:
+        return jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
+    scaled_bv = logits_bv / temperature
+    if use_filter:
+        scaled_bv = filter_logits(scaled_bv, top_k=top_k, top_p=top_p)
+    return jax.random.categorical(key, scaled_bv, axis=-1).astype(jnp.int32)
+
+
+def _prefill(model: Decoder, tokens_ps, mask_ps, max_len: int):
+    """Runs the prompts once: last-position logits [P, V] and a cache of max_len slots."""
+    PREFILL_BATCH_SIZES.append(tokens_ps.shape[0])
+    cache = model.init_cache(tokens_ps.shape[0], max_len)
+    positions_ps = default_positions(mask_ps)
+    logits_p1v, cache = model.decode_step(tokens_ps, positions_ps, cache, mask_bt=mask_ps, last_only=True)
+    return logits_p1v[:, 0], cache
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "num_samples", "buffer_len", "greedy", "use_filter"))
+def _generate_core(graphdef, state, key, tokens_ps, mask_ps, max_new_tokens, temperature, top_p, top_k,
+                   stop_ids_n, pad_id, *, num_samples: int, buffer_len: int, greedy: bool, use_filter: bool):
+    TRACE_COUNTS["generate"] += 1
+    model = nnx.merge(graphdef, state)
+    num_prompts, prompt_len = tokens_ps.shape
+    batch = num_prompts * num_samples
+    logits_pv, cache = _prefill(model, tokens_ps, mask_ps, prompt_len + buffer_len)
+    repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731  Prompt-major.
+    cache = cache._replace(
+        keys_lbmke=jnp.repeat(cache.keys_lbmke, num_samples, axis=1),
+        values_lbmke=jnp.repeat(cache.values_lbmke, num_samples, axis=1),
+        valid_bm=repeat(cache.valid_bm))
+    start_pos_b = repeat(jnp.sum(mask_ps, axis=1, dtype=jnp.int32))
+
+    class Carry(NamedTuple):
+        step: jax.Array
+        logits_bv: jax.Array
+        cache: object
+        done_b: jax.Array
+        tokens_bt: jax.Array
+        logp_bt: jax.Array
+        mask_bt: jax.Array
+
+    def cond(c: Carry):
+        return (c.step < max_new_tokens) & ~jnp.all(c.done_b)
+
+    def body(c: Carry):
+        step_key = jax.random.fold_in(key, c.step)
+        token_b = sample_token(step_key, c.logits_bv, temperature=temperature, top_k=top_k, top_p=top_p,
+                               greedy=greedy, use_filter=use_filter)
+        logp_b = jnp.take_along_axis(jax.nn.log_softmax(c.logits_bv, axis=-1), token_b[:, None], axis=-1)[:, 0]
+        live_b = ~c.done_b
+        token_b = jnp.where(live_b, token_b, pad_id)
+        tokens_bt = c.tokens_bt.at[:, c.step].set(token_b)
+        logp_bt = c.logp_bt.at[:, c.step].set(jnp.where(live_b, logp_b, 0.0))
+        mask_bt = c.mask_bt.at[:, c.step].set(live_b)
+        done_b = c.done_b | jnp.any(token_b[:, None] == stop_ids_n[None, :], axis=-1)
+        logits_b1v, new_cache = model.decode_step(token_b[:, None], (start_pos_b + c.step)[:, None], c.cache,
+                                                  last_only=True)
+        return Carry(c.step + 1, logits_b1v[:, 0], new_cache, done_b, tokens_bt, logp_bt, mask_bt)
+
+    init = Carry(
+        step=jnp.zeros((), jnp.int32),
+        logits_bv=repeat(logits_pv),
+        cache=cache,
+        done_b=jnp.zeros((batch,), bool),
+        tokens_bt=jnp.full((batch, buffer_len), pad_id, jnp.int32),
+        logp_bt=jnp.zeros((batch, buffer_len), jnp.float32),
+        mask_bt=jnp.zeros((batch, buffer_len), bool),
+    )
+    final = jax.lax.while_loop(cond, body, init)
+    length_b = jnp.sum(final.mask_bt, axis=1, dtype=jnp.int32)
+    last_b = jnp.take_along_axis(final.tokens_bt, jnp.maximum(length_b - 1, 0)[:, None], axis=1)[:, 0]
+    stopped_b = (length_b > 0) & jnp.any(last_b[:, None] == stop_ids_n[None, :], axis=-1)
+    return final.tokens_bt, final.logp_bt, final.mask_bt, length_b, ~stopped_b
+
+
+def generate(key: jax.Array, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *, num_samples: int = 1,
+             max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+             greedy: bool = False, stop_token_ids: Sequence[int] | None = None, pad_id: int = 0,
+             bucket: int = DEFAULT_BUCKET) -> Rollout:
+    """Samples `num_samples` responses per left-padded prompt.
+
+    Args:
+      key: PRNG key (same key, model and inputs => same rollout).
+      model: the Decoder.
+      prompt_tokens_ps: int [P, S] prompts, left-padded.
+      prompt_mask_ps: bool [P, S], True = real token; every prompt needs >= 1 real token.
+      num_samples: G responses per prompt; rows are prompt-major (b = p * G + g).
+      max_new_tokens: response length cap T.
+      temperature: softmax temperature (> 0) for sampling; ignored when greedy.
+      top_p: nucleus mass in (0, 1]; 1 disables.
+      top_k: keep the k most likely tokens; 0 disables.
+      greedy: argmax decoding (deterministic, key unused).
+      stop_token_ids: ids that end a response (included in it); default the config's EOS ids.
+      pad_id: written after the stop token.
+      bucket: prompt length and response buffer are rounded up to multiples of this.
+
+    Returns:
+      Rollout with [B, max_new_tokens] responses (see `Rollout`).
+    """
+    tokens_ps = np.asarray(prompt_tokens_ps)
+    mask_ps = np.asarray(prompt_mask_ps)
+    chex.assert_rank([tokens_ps, mask_ps], 2)
+    chex.assert_equal_shape([tokens_ps, mask_ps])
+    if mask_ps.dtype != np.bool_:
+        raise TypeError(f"prompt_mask_ps must be bool (True = real token), got {mask_ps.dtype}.")
+    if not np.issubdtype(tokens_ps.dtype, np.integer):
+        raise TypeError(f"prompt_tokens_ps must be integer token ids, got {tokens_ps.dtype}.")
+    if not mask_ps.any(axis=1).all():
+        raise ValueError(f"Prompts {np.flatnonzero(~mask_ps.any(axis=1)).tolist()} have no real token; "
+                         "every prompt needs at least one (e.g. BOS).")
+    if (mask_ps[:, 1:] < mask_ps[:, :-1]).any():
+        raise ValueError("Prompts must be left-padded: once a row's mask is True it stays True.")
+    if max_new_tokens < 1 or num_samples < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens} and num_samples={num_samples} must be >= 1.")
+    if not greedy and not temperature > 0:
+        raise ValueError(f"temperature={temperature} must be > 0 (use greedy=True for argmax decoding).")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p={top_p} must lie in (0, 1].")
+    if stop_token_ids is None:
+        stop_token_ids = model.config.eos_token_ids
+    stop_ids = np.asarray(list(stop_token_ids) or [-1], np.int32)  # -1 never matches a token.
+
+    num_prompts, prompt_len = tokens_ps.shape
+    padded_len = round_up(prompt_len, bucket)
+    pad_cols = padded_len - prompt_len
+    tokens_bucketed = np.pad(tokens_ps.astype(np.int32), ((0, 0), (pad_cols, 0)), constant_values=pad_id)
+    mask_bucketed = np.pad(mask_ps, ((0, 0), (pad_cols, 0)), constant_values=False)
+    graphdef, state = nnx.split(model)
+    tokens_bt, logp_bt, mask_bt, length_b, truncated_b = _generate_core(
+        graphdef, state, key, tokens_bucketed, mask_bucketed, np.int32(max_new_tokens),
+        np.float32(temperature), np.float32(top_p), np.int32(top_k), stop_ids, np.int32(pad_id),
+        num_samples=num_samples, buffer_len=round_up(max_new_tokens, bucket), greedy=bool(greedy),
+        use_filter=bool(not greedy and (top_k > 0 or top_p < 1)))
+    prompt_tokens_bs = jnp.asarray(np.repeat(tokens_ps.astype(np.int32), num_samples, axis=0))
+    prompt_mask_bs = jnp.asarray(np.repeat(mask_ps, num_samples, axis=0))
+    return Rollout(tokens_bt[:, :max_new_tokens], logp_bt[:, :max_new_tokens], mask_bt[:, :max_new_tokens],
+                   length_b, truncated_b, prompt_tokens_bs, prompt_mask_bs)

@@ -1,0 +1,211 @@
+"""Decoder numerics: HF parity (torch reference logits stored in tests/fixtures), RoPE, RMSNorm,
+KV-cache consistency, padding invariance, bf16."""
+
+import math
+import os
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import transformers
+from flax import nnx
+
+from jaxrl_vr.models import Decoder, DecoderConfig, from_pretrained
+from jaxrl_vr.models import decoder as decoder_lib
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
+FIXTURE_NAMES = ("tiny_llama", "tiny_qwen2", "tiny_qwen3")
+
+
+@nnx.jit
+def forward(model, tokens_bt, mask_bt):
+    return model(tokens_bt, mask_bt=mask_bt)
+
+
+def load_fixture(name, dtype="float32"):
+    path = os.path.join(FIXTURES, name)
+    return from_pretrained(path, dtype=dtype), dict(np.load(os.path.join(path, "reference.npz")))
+
+
+def full_config(**overrides):
+    """Every switch on: q/k/v + o bias, q/k norm, untied, Llama-3 RoPE scaling."""
+    fields = dict(attention_bias=True, attention_out_bias=True, qk_norm=True, tie_word_embeddings=False,
+                  rope_scaling=dict(rope_type="llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                    original_max_position_embeddings=32))
+    fields.update(overrides)
+    return DecoderConfig.tiny(vocab_size=64, hidden_size=32, intermediate_size=48, head_dim=8, **fields)
+
+
+def randomized(model, seed=0, scale=0.3):
+    """Perturbs every parameter (norms away from 1, biases away from 0) so mapping bugs show."""
+    nnx.update(model, _perturb(jax.random.key(seed), nnx.state(model, nnx.Param), scale))
+    return model
+
+
+@jax.jit
+def _perturb(key, state, scale):
+    leaves, treedef = jax.tree.flatten(state)
+    noise = jax.random.normal(key, (sum(x.size for x in leaves),), jnp.float32)
+    offsets = np.cumsum([0] + [x.size for x in leaves])
+    return jax.tree.unflatten(treedef, [x + scale * noise[o:o + x.size].reshape(x.shape).astype(x.dtype)
+                                        for x, o in zip(leaves, offsets)])
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_logits_match_transformers(name):
+    model, ref = load_fixture(name)
+    logits = forward(model, jnp.asarray(ref["input_ids"]), jnp.asarray(ref["attention_mask"]))
+    assert logits.dtype == jnp.float32
+    real = ref["attention_mask"]
+    np.testing.assert_allclose(np.asarray(logits)[real], ref["logits"][real], atol=1e-4, rtol=1e-4)
+
+
+def test_bf16_params_give_float32_logits_close_to_fp32():
+    model32, ref = load_fixture("tiny_qwen3")
+    model16, _ = load_fixture("tiny_qwen3", dtype="bfloat16")
+    assert model16.embed[...].dtype == jnp.bfloat16
+    tokens, mask = jnp.asarray(ref["input_ids"]), jnp.asarray(ref["attention_mask"])
+    logits32, logits16 = forward(model32, tokens, mask), forward(model16, tokens, mask)
+    assert logits16.dtype == jnp.float32
+    real = ref["attention_mask"]
+    err = np.abs(np.asarray(logits16 - logits32))[real]
+    scale = np.abs(np.asarray(logits32))[real].max()
+    # bf16 keeps 8 mantissa bits (rel. 2^-8 ≈ 0.4%) per op; two layers stay within ~5% of the range.
+    assert err.max() < 0.05 * scale, (err.max(), scale)
+    assert err.max() > 0  # Really computed in bf16.
+
+
+def test_rms_norm_hand_computed():
+    # x = [3, 4]: mean(x²) = (9 + 16)/2 = 12.5, 1/√12.5 = 0.28284; times w = [1, 2].
+    out = decoder_lib.rms_norm(jnp.array([3.0, 4.0]), jnp.array([1.0, 2.0]), 0.0)
+    np.testing.assert_allclose(out, [3 * 0.2828427, 2 * 4 * 0.2828427], rtol=1e-6)
+
+
+def test_rope_rotate_half_hand_computed():
+    # head_dim 4: pairs (x0, x2) rotate by p·f0, (x1, x3) by p·f1 (HF rotate_half convention).
+    x = jnp.array([1.0, 2.0, 3.0, 4.0]).reshape(1, 1, 1, 4)
+    inv_freq = np.array([1.0, 0.01], np.float32)
+    cos, sin = decoder_lib.rope_cos_sin(jnp.array([[3]]), inv_freq)
+    out = decoder_lib.apply_rope(x, cos, sin).reshape(4)
+    a, b = 3.0, 0.03
+    expected = [1 * math.cos(a) - 3 * math.sin(a), 2 * math.cos(b) - 4 * math.sin(b),
+                3 * math.cos(a) + 1 * math.sin(a), 4 * math.cos(b) + 2 * math.sin(b)]
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_llama3_rope_scaling_hand_computed():
+    # head_dim 6, θ = 1000: f = [1, 0.1, 0.01], wavelengths 2π/f = [6.28, 62.83, 628.3].
+    # L_orig = 128, low = 1, high = 4: keep λ < 128/4 = 32, divide by factor 8 when λ > 128,
+    # blend in between: s = (128/62.83 − 1)/(4 − 1) = 0.345741, f' = (1 − s)·0.1/8 + s·0.1.
+    config = DecoderConfig.tiny(head_dim=6, num_heads=2, num_kv_heads=2, rope_theta=1000.0, rope_scaling=dict(
+        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=128))
+    s = (128 / (2 * math.pi / 0.1) - 1) / 3
+    expected = [1.0, (1 - s) * 0.1 / 8 + s * 0.1, 0.01 / 8]
+    np.testing.assert_allclose(decoder_lib.rope_inv_freq(config), expected, rtol=1e-5)
+    plain = decoder_lib.rope_inv_freq(config.replace(rope_scaling=None))
+    np.testing.assert_allclose(plain, [1.0, 0.1, 0.01], rtol=1e-5)
+
+
+# One shared model and batch so the jitted forward compiles once for most tests.
+# Rows: 0 unpadded; 1 = three pads (id 0) + row 0's first four tokens; 2 = the same with pad ids
+# 17, 3, 9; 3 fully padded.
+TOKENS = np.array([[11, 12, 13, 14, 15, 16, 17], [0, 0, 0, 11, 12, 13, 14],
+                   [17, 3, 9, 11, 12, 13, 14], [0] * 7], np.int32)
+MASK = np.array([[True] * 7, [False] * 3 + [True] * 4, [False] * 3 + [True] * 4, [False] * 7])
+
+
+@pytest.fixture(scope="module")
+def model():
+    return randomized(Decoder(full_config(), rngs=nnx.Rngs(0)))
+
+
+def test_padding_invariance_and_masked_rows_finite(model):
+    """Left padding (whatever the pad ids) gives the unpadded logits; fully masked rows stay finite."""
+    logits = np.asarray(forward(model, TOKENS, MASK))
+    assert np.isfinite(logits).all()
+    for row in (1, 2):
+        np.testing.assert_allclose(logits[row, 3:], logits[0, :4], atol=1e-5, rtol=1e-5)
+    assert np.abs(logits[1, 3:] - logits[0, 3:]).max() > 1e-3  # Positions matter (not a vacuous check).
+
+
+def test_logits_are_hidden_times_unembed_and_causal(model):
+    hidden, unembed, logits = nnx.jit(lambda m, t, k: (m.hidden_states(t, mask_bt=k), m.unembed_matrix(),
+                                                       m(t, mask_bt=k)))(model, TOKENS, MASK)
+    assert unembed.shape == (32, 64) and hidden.shape == (4, 7, 32)
+    np.testing.assert_allclose(logits, np.einsum("btd,dv->btv", hidden, unembed), atol=1e-5, rtol=1e-5)
+    # Causality: changing the last token leaves earlier real positions' logits unchanged (padded
+    # queries see no valid key, average over everything, and are meaningless).
+    changed = TOKENS.copy()
+    changed[:, -1] = 5
+    changed_logits = forward(model, changed, MASK)
+    earlier = MASK.copy()
+    earlier[:, -1] = False
+    np.testing.assert_allclose(np.asarray(changed_logits)[earlier], np.asarray(logits)[earlier], atol=1e-6)
+    assert np.abs(np.asarray(changed_logits[0, -1] - logits[0, -1])).max() > 1e-3
+    tied = Decoder(DecoderConfig.tiny(vocab_size=32), rngs=nnx.Rngs(1))
+    np.testing.assert_array_equal(tied.unembed_matrix(), tied.embed[...].T)
+
+
+def test_decode_steps_match_full_forward(model):
+    """Prefill a left-padded chunk, then T=1 steps: logits equal one full forward pass."""
+    positions = decoder_lib.default_positions(jnp.asarray(MASK))
+    full = np.asarray(forward(model, TOKENS, MASK))
+    step = nnx.jit(lambda m, t, p, c, k: m.decode_step(t, p, c, mask_bt=k))
+    cache = model.init_cache(4, 16)
+    logits, cache = step(model, TOKENS[:, :4], positions[:, :4], cache, MASK[:, :4])
+    pieces = [logits]
+    for t in range(4, 7):
+        logits, cache = step(model, TOKENS[:, t:t + 1], positions[:, t:t + 1], cache, MASK[:, t:t + 1])
+        pieces.append(logits)
+    assert int(cache.index) == 7
+    np.testing.assert_array_equal(cache.valid_bm[:, :7], MASK)
+    assert not cache.valid_bm[:, 7:].any()
+    np.testing.assert_allclose(np.asarray(jnp.concatenate(pieces, 1))[MASK], full[MASK], atol=1e-5)
+    last, _ = nnx.jit(lambda m: m.decode_step(TOKENS, positions, m.init_cache(4, 8), mask_bt=jnp.asarray(MASK),
+                                              last_only=True))(model)
+    np.testing.assert_allclose(last[:3, 0], full[:3, -1], atol=1e-5)
+
+
+def test_grads_finite_zero_through_padding_and_remat_equal(model):
+    def loss(m):
+        return jnp.sum(jnp.where(jnp.asarray(MASK)[..., None], m(TOKENS, mask_bt=jnp.asarray(MASK)), 0.0) ** 2)
+
+    grad_fn = nnx.jit(nnx.grad(loss))
+    grads = grad_fn(model)
+    assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
+    # Token 0 appears only at padded positions; the untied input embedding row gets no gradient.
+    assert float(jnp.abs(grads.embed[...][0]).max()) == 0.0
+    assert float(jnp.abs(grads.embed[...][11]).max()) > 0.0
+    remat = nnx.merge(*nnx.split(Decoder(full_config(), rngs=nnx.Rngs(0), remat=True)))
+    nnx.update(remat, nnx.state(model))
+    chex.assert_trees_all_close(grad_fn(remat), grads, atol=1e-3, rtol=1e-3)  # Sums reassociate.
+
+
+def test_input_validation():
+    model = Decoder(DecoderConfig.tiny(vocab_size=32), rngs=nnx.Rngs(0))
+    with pytest.raises(TypeError, match="mask_bt must be bool"):
+        model(jnp.zeros((1, 3), jnp.int32), mask_bt=jnp.ones((1, 3), jnp.int32))
+    with pytest.raises(AssertionError):
+        model(jnp.zeros((3,), jnp.int32))
+    with pytest.raises(ValueError, match="cache holds only 4 slots"):
+        model.decode_step(jnp.zeros((1, 5), jnp.int32), jnp.zeros((1, 5), jnp.int32), model.init_cache(1, 4))
+
+
+def test_config_from_hf_round_trip_and_errors():
+    config = full_config(model_type="qwen3", attention_out_bias=True)
+    assert DecoderConfig.from_hf(config.to_hf()) == config
+    qwen2 = full_config(model_type="qwen2", attention_out_bias=False, qk_norm=False)
+    assert DecoderConfig.from_hf(qwen2.to_hf()) == qwen2
+    hash(config)  # Static-argument safe.
+    with pytest.raises(ValueError, match="model_type='gpt2'"):
+        DecoderConfig.from_hf(transformers.GPT2Config())
+    yarn = transformers.LlamaConfig(rope_parameters=dict(rope_type="yarn", rope_theta=1e4, factor=2.0))
+    with pytest.raises(ValueError, match="'yarn' is not supported"):
+        DecoderConfig.from_hf(yarn)
+    with pytest.raises(ValueError, match="cannot be expressed"):
+        DecoderConfig.tiny(qk_norm=True).to_hf()  # qk_norm needs model_type qwen3.
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        DecoderConfig.tiny(num_heads=4, num_kv_heads=3)

@@ -1,0 +1,182 @@
+"""Sampler: HF greedy parity, naive-loop parity, stop tokens, padding, determinism, no recompiles,
+one prefill per prompt, log-prob consistency and the filtered sampling distribution."""
+
+import os
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl_vr.models import from_pretrained
+from jaxrl_vr.sampling import filter_logits, generate, sample_token
+from jaxrl_vr.sampling import sampler as sampler_lib
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
+NO_STOP = (-1,)  # A stop id that never occurs (keeps the stop-id array shape fixed: one id).
+
+
+def load(name):
+    path = os.path.join(FIXTURES, name)
+    return from_pretrained(path), dict(np.load(os.path.join(path, "reference.npz")))
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return load("tiny_llama")
+
+
+@nnx.jit
+def forward(model, tokens_bt, mask_bt):
+    return model(tokens_bt, mask_bt=mask_bt)
+
+
+def test_greedy_matches_transformers_generate(llama):
+    model, ref = llama
+    rollout = generate(jax.random.key(0), model, ref["input_ids"], ref["attention_mask"], max_new_tokens=8,
+                       greedy=True, stop_token_ids=NO_STOP)
+    np.testing.assert_array_equal(rollout.tokens_bt, ref["greedy_tokens"])
+    assert rollout.tokens_bt.dtype == jnp.int32 and rollout.logp_bt.dtype == jnp.float32
+    np.testing.assert_array_equal(rollout.length_b, [8, 8, 8])
+    assert rollout.truncated_b.all() and rollout.mask_bt.all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["tiny_qwen2", "tiny_qwen3"])
+def test_greedy_matches_transformers_generate_qwen(name):
+    model, ref = load(name)
+    rollout = generate(jax.random.key(0), model, ref["input_ids"], ref["attention_mask"], max_new_tokens=8,
+                       greedy=True, stop_token_ids=NO_STOP)
+    np.testing.assert_array_equal(rollout.tokens_bt, ref["greedy_tokens"])
+
+
+def test_greedy_matches_naive_full_recompute_loop(llama):
+    """Argmax of a full forward over prompt + generated-so-far, one token at a time."""
+    model, ref = llama
+    prompts, mask = ref["input_ids"], ref["attention_mask"]
+    steps, (p, s) = 6, prompts.shape
+    # Fixed shape [P, S + steps]: future slots hold 0 and are masked out; causality hides them anyway.
+    tokens = np.concatenate([prompts, np.zeros((p, steps), np.int32)], axis=1)
+    full_mask = np.concatenate([mask, np.zeros((p, steps), bool)], axis=1)
+    for t in range(steps):
+        logits = forward(model, tokens, full_mask)
+        tokens[:, s + t] = np.argmax(np.asarray(logits[:, s + t - 1]), axis=-1)
+        full_mask[:, s + t] = True
+    rollout = generate(jax.random.key(0), model, prompts, mask, max_new_tokens=8, greedy=True,
+                       stop_token_ids=NO_STOP)
+    np.testing.assert_array_equal(rollout.tokens_bt[:, :steps], tokens[:, s:])
+
+
+def test_stop_tokens_end_responses(llama):
+    model, ref = llama
+    # Greedy row 0 is [85, 44, 113, 85, 68, ...]: stopping on 68 ends it after 5 tokens; rows 1-2
+    # never produce 68 in 8 steps (fixture) and run to the cap.
+    assert 68 not in ref["greedy_tokens"][1:]
+    rollout = generate(jax.random.key(0), model, ref["input_ids"], ref["attention_mask"], max_new_tokens=8,
+                       greedy=True, stop_token_ids=(68,), pad_id=0)
+    np.testing.assert_array_equal(rollout.tokens_bt[0], [85, 44, 113, 85, 68, 0, 0, 0])
+    np.testing.assert_array_equal(rollout.mask_bt[0], [True] * 5 + [False] * 3)
+    np.testing.assert_array_equal(rollout.length_b, [5, 8, 8])
+    np.testing.assert_array_equal(rollout.truncated_b, [False, True, True])
+    np.testing.assert_array_equal(rollout.tokens_bt[1:], ref["greedy_tokens"][1:])
+    assert float(jnp.abs(rollout.logp_bt[0, 5:]).max()) == 0.0
+
+
+def test_left_padding_gives_same_result_as_unpadded(llama):
+    """Row 2 of the fixture is 5 pads + 5 tokens; alone and unpadded (no bucketing) it must
+    produce the same greedy tokens and log-probs."""
+    model, ref = llama
+    padded = generate(jax.random.key(0), model, ref["input_ids"], ref["attention_mask"], max_new_tokens=8,
+                      greedy=True, stop_token_ids=NO_STOP)
+    alone = generate(jax.random.key(0), model, ref["input_ids"][2:, 5:], ref["attention_mask"][2:, 5:],
+                     max_new_tokens=8, greedy=True, stop_token_ids=NO_STOP, bucket=1)
+    np.testing.assert_array_equal(alone.tokens_bt[0], padded.tokens_bt[2])
+    np.testing.assert_allclose(alone.logp_bt[0], padded.logp_bt[2], atol=1e-5)
+
+
+def test_sampling_determinism_recompiles_prefill_and_logp(llama):
+    model, ref = llama
+    prompts, mask = ref["input_ids"], ref["attention_mask"]
+    kwargs = dict(num_samples=4, max_new_tokens=8, temperature=1.0, top_p=0.95, top_k=50, stop_token_ids=(5,))
+    first = generate(jax.random.key(1), model, prompts, mask, **kwargs)
+    traces = sampler_lib.TRACE_COUNTS["generate"]
+    assert sampler_lib.PREFILL_BATCH_SIZES[-1] == 3  # One prefill row per prompt, not per sample (12).
+    again = generate(jax.random.key(1), model, prompts, mask, **kwargs)
+    chex.assert_trees_all_equal(first, again)
+    tokens = np.asarray(first.tokens_bt).reshape(3, 4, 8)
+    assert all(len({tuple(row) for row in group}) > 1 for group in tokens)  # Samples of a prompt differ.
+    other = generate(jax.random.key(2), model, prompts, mask, **kwargs)
+    assert (np.asarray(other.tokens_bt) != np.asarray(first.tokens_bt)).any()
+    # New parameter values, temperature, top-p/k and length within the bucket: no recompilation.
+    perturbed = nnx.clone(model)
+    nnx.update(perturbed, jax.tree.map(lambda x: x * 1.01, nnx.state(perturbed, nnx.Param)))
+    changed = generate(jax.random.key(1), perturbed, prompts, mask, **dict(kwargs, temperature=0.7, top_p=0.5,
+                                                                           top_k=3, max_new_tokens=6))
+    assert sampler_lib.TRACE_COUNTS["generate"] == traces
+    assert changed.tokens_bt.shape == (12, 6)
+
+    # Layout and consistency: prompt-major rows, masks, lengths.
+    assert first.tokens_bt.shape == (12, 8) and first.prompt_tokens_bs.shape == (12, 10)
+    np.testing.assert_array_equal(first.prompt_tokens_bs[4:8], np.repeat(prompts[1:2], 4, axis=0))
+    np.testing.assert_array_equal(first.length_b, np.asarray(first.mask_bt).sum(1))
+    stopped = np.asarray(first.mask_bt & (first.tokens_bt == 5)).any(1)
+    np.testing.assert_array_equal(first.truncated_b, ~stopped)
+
+    # logp_bt is the untempered log π of each sampled token: recompute by teacher forcing.
+    tokens = jnp.concatenate([first.prompt_tokens_bs, first.tokens_bt], axis=1)
+    full_mask = jnp.concatenate([first.prompt_mask_bs, first.mask_bt], axis=1)
+    logits = forward(model, tokens, full_mask)[:, 9:-1]
+    expected = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), first.tokens_bt[..., None], -1)[..., 0]
+    response = np.asarray(first.mask_bt)
+    np.testing.assert_allclose(np.asarray(first.logp_bt)[response], np.asarray(expected)[response], atol=1e-5)
+    assert float(jnp.abs(jnp.where(first.mask_bt, 0.0, first.logp_bt)).max()) == 0.0
+
+
+class FilterLogitsTest(chex.TestCase):
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_top_k_then_top_p_hand_computed(self):
+        logits = jnp.log(jnp.array([[0.05, 0.5, 0.15, 0.3]]))
+        neg = jnp.finfo(jnp.float32).min
+        fn = self.variant(filter_logits)
+        # top-p 0.83 alone: mass before each sorted token = 0, .5, .8, .95 -> keep .5, .3, .15.
+        kept = fn(logits, top_k=jnp.int32(0), top_p=jnp.float32(0.83)) > neg
+        np.testing.assert_array_equal(kept, [[False, True, True, True]])
+        # top-k 3 first renormalises to .5/.95, .3/.95, .15/.95: mass before .15 is .842 >= .83 -> drop it.
+        kept = fn(logits, top_k=jnp.int32(3), top_p=jnp.float32(0.83)) > neg
+        np.testing.assert_array_equal(kept, [[False, True, False, True]])
+        kept = fn(logits, top_k=jnp.int32(1), top_p=jnp.float32(1.0)) > neg
+        np.testing.assert_array_equal(kept, [[False, True, False, False]])
+        # A tiny top_p still keeps the most likely token.
+        kept = fn(logits, top_k=jnp.int32(0), top_p=jnp.float32(1e-6)) > neg
+        np.testing.assert_array_equal(kept, [[False, True, False, False]])
+
+
+def test_sample_token_distribution():
+    """Frequencies over 20000 draws match softmax(logits / T) restricted to the nucleus."""
+    logits = jnp.log(jnp.array([[0.05, 0.5, 0.15, 0.3]]))
+    keys = jax.random.split(jax.random.key(0), 20000)
+    draw = jax.jit(jax.vmap(lambda k: sample_token(k, logits, temperature=jnp.float32(0.5), top_k=jnp.int32(0),
+                                                   top_p=jnp.float32(0.9), greedy=False, use_filter=True)[0]))
+    counts = np.bincount(np.asarray(draw(keys)), minlength=4) / 20000
+    # T = 0.5 squares the probabilities: .0025, .25, .0225, .09 (sum .365) -> .0068, .685, .0616, .247.
+    # Nucleus 0.9: mass before sorted tokens 0, .685, .932 -> keep .685 and .247, renormalised:
+    expected = np.array([0.0, 0.25, 0.0, 0.09]) / 0.34
+    np.testing.assert_allclose(counts, expected, atol=0.015)
+
+
+def test_input_errors(llama):
+    model, ref = llama
+    ok_tokens, ok_mask = ref["input_ids"], ref["attention_mask"]
+    with pytest.raises(ValueError, match="left-padded"):
+        generate(jax.random.key(0), model, ok_tokens, ok_mask[:, ::-1], max_new_tokens=4)
+    empty = ok_mask.copy()
+    empty[1] = False
+    with pytest.raises(ValueError, match=r"Prompts \[1\] have no real token"):
+        generate(jax.random.key(0), model, ok_tokens, empty, max_new_tokens=4)
+    with pytest.raises(ValueError, match="temperature=0"):
+        generate(jax.random.key(0), model, ok_tokens, ok_mask, max_new_tokens=4, temperature=0.0)
+    with pytest.raises(TypeError, match="must be bool"):
+        generate(jax.random.key(0), model, ok_tokens, ok_mask.astype(np.int32), max_new_tokens=4)
