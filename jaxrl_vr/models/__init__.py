@@ -1,13 +1,22 @@
-"""Flax NNX decoder (Llama / Qwen2 / Qwen3) and Hugging Face weight I/O."""
+"""Flax NNX decoder (Llama / Qwen2 / Qwen3), Hugging Face and GGUF weight I/O, tokenizers."""
 
 from jaxrl_vr.models.config import SUPPORTED_MODEL_TYPES, DecoderConfig
 from jaxrl_vr.models.decoder import Decoder, KVCache, num_params
+from jaxrl_vr.models.gguf_io import from_gguf, read_gguf
 from jaxrl_vr.models.hf_io import (
     from_hf_state_dict,
     from_pretrained,
     load_hf_tensors,
     save_pretrained,
     to_hf_state_dict,
+)
+from jaxrl_vr.models.tokenizers import (
+    CharTokenizer,
+    GGUFTokenizer,
+    HFTokenizer,
+    Tokenizer,
+    load_tokenizer,
+    tokenizer_from_gguf,
 )
 
 __all__ = [
@@ -21,5 +30,12 @@ __all__ = [
     "load_hf_tensors",
     "save_pretrained",
     "to_hf_state_dict",
-    # models-io (merged by the lead): from_gguf, tokenizers (CharTokenizer, HFTokenizer, ...).
+    "from_gguf",
+    "read_gguf",
+    "Tokenizer",
+    "CharTokenizer",
+    "HFTokenizer",
+    "GGUFTokenizer",
+    "tokenizer_from_gguf",
+    "load_tokenizer",
 ]
