@@ -1,0 +1,128 @@
+"""Verifiers by name: the built-ins and user callables registered from a config.
+
+A verifier is a plain callable `fn(item: TaskItem, completion: str)` returning either a
+float score or a `(score, status)` pair, with status in STATUSES. A bare float means
+status "ok" when score > 0, else "wrong". Verifiers run inside VerifierPool workers, which
+add the time limit and turn any exception into status "error" (score 0).
+
+Register your own with `register_verifier("name", fn)` or, from a config, by import path:
+`register_verifier("name", "my_pkg.my_module:my_fn")`. With the default "forkserver"
+pool, a verifier must be importable (a module-level function) so workers can load it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+__all__ = [
+    "STATUSES", "VerifierFn", "register_verifier", "get_verifier", "registered_verifiers",
+    "normalize_output", "parse_leading_int", "exact_verifier",
+]
+
+STATUSES = ("ok", "wrong", "timeout", "error", "unparsable")
+VerifierFn = Callable[[Any, str], Any]
+
+_REGISTRY: dict[str, VerifierFn | str] = {}
+
+
+def register_verifier(name: str, fn: VerifierFn | str, *, overwrite: bool = False) -> None:
+    """Registers `fn` (a callable or a "module:attribute" import path) under `name`."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"Verifier name must be a non-empty string, got {name!r}.")
+    if not (callable(fn) or (isinstance(fn, str) and ":" in fn)):
+        raise TypeError(f"Verifier {name!r} must be a callable or a 'module:attribute' string, got {fn!r}.")
+    if name in _REGISTRY and not overwrite and _REGISTRY[name] is not fn:
+        raise ValueError(f"Verifier {name!r} is already registered; pass overwrite=True to replace it.")
+    _REGISTRY[name] = fn
+
+
+def _resolve(name: str, fn: VerifierFn | str) -> VerifierFn:
+    if callable(fn):
+        return fn
+    module_name, _, attribute = fn.partition(":")
+    try:
+        resolved = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"Verifier {name!r}: cannot import {fn!r} ({e}). Check the 'module:attribute' path.") from e
+    if not callable(resolved):
+        raise TypeError(f"Verifier {name!r}: {fn!r} is not callable.")
+    return resolved
+
+
+def get_verifier(name: str) -> VerifierFn:
+    """The callable registered under `name`; raises a ValueError listing the known names."""
+    _register_builtins()
+    if name not in _REGISTRY:
+        raise ValueError(f"Unknown verifier {name!r}; registered: {sorted(_REGISTRY)}. "
+                         "Register it with jaxrl_vr.verifiers.register_verifier(name, fn).")
+    return _resolve(name, _REGISTRY[name])
+
+
+def registered_verifiers() -> dict[str, VerifierFn | str]:
+    """A copy of the registry (name -> callable or import path)."""
+    _register_builtins()
+    return dict(_REGISTRY)
+
+
+def normalize_output(output: Any) -> tuple[float, str]:
+    """A verifier's return value as (finite float score, status); raises on anything else."""
+    if isinstance(output, tuple):
+        if len(output) != 2:
+            raise TypeError(f"A verifier must return a float or (score, status), got a {len(output)}-tuple.")
+        score, status = output
+        if status not in STATUSES:
+            raise ValueError(f"Verifier status {status!r} is not one of {STATUSES}.")
+    else:
+        score, status = output, None
+    if isinstance(score, bool):
+        score = float(score)
+    if not isinstance(score, (int, float)) and not hasattr(score, "__float__"):
+        raise TypeError(f"A verifier score must be a number, got {type(score).__name__}.")
+    score = float(score)
+    if not math.isfinite(score):
+        raise ValueError(f"A verifier score must be finite, got {score}.")
+    if status is None:
+        status = "ok" if score > 0 else "wrong"
+    return score, status
+
+
+_LEADING_INT = re.compile(r"[+-]?\d{1,4300}")
+
+
+def parse_leading_int(text: str) -> int | None:
+    """The integer the text starts with, ignoring spaces (" 1 2 3x" -> 123); None if none."""
+    head = text[:8192].replace(" ", "").replace("\t", "").lstrip("\n")
+    match = _LEADING_INT.match(head)
+    return int(match.group()) if match else None
+
+
+def exact_verifier(item, completion: str) -> tuple[float, str]:
+    """Built-in "exact": the completion's leading integer equals the integer gold answer.
+
+    Spaces are stripped first; a completion that does not start with an integer is
+    "unparsable" (score 0). Used by the built-in arithmetic task.
+    """
+    gold = parse_leading_int(str(item.answer)) if item.answer is not None else None
+    if gold is None:
+        raise ValueError(f"Item {item.uid!r}: the 'exact' verifier needs an integer answer, got {item.answer!r}.")
+    pred = parse_leading_int(completion)
+    if pred is None:
+        return 0.0, "unparsable"
+    return (1.0, "ok") if pred == gold else (0.0, "wrong")
+
+
+_BUILTINS: dict[str, str] = {
+    "exact": "jaxrl_vr.verifiers.registry:exact_verifier",
+    "math": "jaxrl_vr.verifiers.math_answers:math_verifier",
+    "code": "jaxrl_vr.verifiers.sandbox:code_verifier",
+    "reasoning_gym": "jaxrl_vr.tasks.reasoning_gym:reasoning_gym_verifier",
+}
+
+
+def _register_builtins() -> None:
+    for name, path in _BUILTINS.items():
+        _REGISTRY.setdefault(name, path)
