@@ -12,3 +12,9 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 import jax  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+import hypothesis  # noqa: E402
+
+# Property tests draw the same examples on every run, so CI never fails by chance.
+hypothesis.settings.register_profile("jaxrl_vr", derandomize=True, deadline=None)
+hypothesis.settings.load_profile("jaxrl_vr")
