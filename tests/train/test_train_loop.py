@@ -1,0 +1,229 @@
+"""RL loop: exact resume, mid-save kill, NaN stop, verifier failures, metrics rows."""
+
+import os
+
+import chex
+import jax
+import numpy as np
+import pytest
+
+from jaxrl_vr.models.tokenizers import CharTokenizer
+from jaxrl_vr.tasks import arithmetic
+from jaxrl_vr.train.checkpoint import Checkpointer
+from jaxrl_vr.train.loop import NonFiniteLossError, RLConfig, RLTrainer, encode_prompts
+from jaxrl_vr.train.metrics import read_jsonl
+from jaxrl_vr.train.optim import OptimConfig
+from jaxrl_vr.train.step import LossConfig
+from jaxrl_vr.verifiers.pool import VerifyResult, score_serial
+
+import trainer_testlib as lib
+
+TOKENIZER = CharTokenizer(arithmetic.ARITHMETIC_ALPHABET)
+ITEMS = arithmetic.make_items(0, 6, levels=(0,), split=None)
+
+
+def _trainer(
+    workdir, *, steps=4, scorer=score_serial, advantage="curverl", tracker=None, items=ITEMS,
+    **rl_overrides,
+):
+    rl = RLConfig(
+        steps=steps,
+        prompts_per_step=2,
+        samples_per_prompt=4,
+        max_new_tokens=3,
+        num_minibatches=2,
+        num_epochs=2,
+        advantage=advantage,
+        curverl_window=2,
+        verifier_workers=0,
+        checkpoint_every=1,
+        seed=3,
+        **rl_overrides,
+    )
+    model = lib.tiny_decoder(TOKENIZER.vocab_size)
+    return RLTrainer(
+        model,
+        TOKENIZER,
+        items,
+        rl=rl,
+        loss=LossConfig(entropy="feedback", use_kl=True),
+        optim=OptimConfig(learning_rate=0.05, warmup_steps=1),
+        workdir=str(workdir),
+        progress=False,
+        tensorboard=False,
+        scorer=scorer,
+        tracker=tracker,
+    )
+
+
+def _tracker():
+    from jaxrl_vr.selection.tracker import PromptTracker
+
+    return PromptTracker(len(ITEMS), uids=[it.uid for it in ITEMS])
+
+
+@pytest.mark.slow
+def test_four_steps_equal_two_plus_resume_plus_two(tmp_path):
+    straight = _trainer(tmp_path / "a", tracker=_tracker())
+    rows_a = straight.run()
+    straight.close()
+
+    first = _trainer(tmp_path / "b", tracker=_tracker())
+    first.run(stop_after=2)
+    first.close()
+    resumed = _trainer(tmp_path / "b", tracker=_tracker())  # fresh objects, state from disk
+    rows_b = resumed.run()
+    resumed.close()
+
+    assert [r["step"] for r in rows_b] == [3, 4]
+    chex.assert_trees_all_equal(resumed.state["train"].params, straight.state["train"].params)
+    chex.assert_trees_all_equal(resumed.state["curverl"], straight.state["curverl"])
+    chex.assert_trees_all_equal(
+        resumed.state["train"].controller, straight.state["train"].controller
+    )
+    assert resumed.data_position == straight.data_position == 8
+    chex.assert_trees_all_equal(resumed.tracker.state_dict(), straight.tracker.state_dict())
+    assert resumed.tracker.state_dict()["total_n_p"].sum() == 4 * 2 * 4  # 4 steps × P·G
+    for key in ("reward", "loss", "kl", "grad_norm"):
+        assert rows_b[-1][key] == rows_a[-1][key]
+    # metrics.jsonl of the resumed run holds each step once, in order.
+    steps = [r["step"] for r in read_jsonl(os.path.join(tmp_path / "b", "metrics.jsonl"))]
+    assert steps == [1, 2, 3, 4]
+    row = rows_a[-1]
+    for key in (
+        "reward",
+        "pass_rate",
+        "adv_mean",
+        "adv_std",
+        "valid_group_frac",
+        "clip_frac_low",
+        "clip_frac_high",
+        "clip_frac_dual",
+        "clip_frac_outer",
+        "kl",
+        "entropy",
+        "grad_norm",
+        "response_length",
+        "truncation_rate",
+        "logp_gap_sampler_trainer",
+        "generated_tokens",
+        "trained_tokens",
+        "time_sample_s",
+        "time_verify_s",
+        "time_update_s",
+        "budget/generated_tokens",
+    ):
+        assert key in row and np.isfinite(row[key]), key
+    # 2 epochs × 2 minibatches: each token is trained on twice.
+    assert row["trained_tokens"] == 2 * row["generated_tokens"]
+    assert row["optimizer_steps"] == 4
+
+
+def test_incomplete_checkpoint_is_ignored(tmp_path):
+    ckpt = Checkpointer(tmp_path, max_to_keep=3)
+    state = {"w": np.arange(3, dtype=np.float32), "k": jax.random.key_data(jax.random.key(1))}
+    ckpt.save(1, state, {"data_position": 7})
+    ckpt.close()
+    # What a process killed mid-save leaves: a temporary step directory, never renamed.
+    partial = tmp_path / "2.orbax-checkpoint-tmp-1234" / "state"
+    partial.mkdir(parents=True)
+    (partial / "garbage").write_bytes(b"\x00" * 10)
+    again = Checkpointer(tmp_path)
+    assert again.latest_step() == 1
+    restored, host, step = again.restore(state)
+    assert step == 1 and host == {"data_position": 7}
+    np.testing.assert_array_equal(restored["w"], state["w"])
+    with pytest.raises(ValueError, match="expects"):
+        again.restore({"w": np.zeros(4, np.float32), "k": state["k"]})
+
+
+def _nan_scorer(items, completions):
+    return VerifyResult(
+        scores=np.full(len(items), np.nan, np.float32),
+        statuses=["ok"] * len(items),
+        errors=[None] * len(items),
+    )
+
+
+def test_nan_loss_stops_run_and_saves_offending_step(tmp_path):
+    trainer = _trainer(tmp_path, scorer=_nan_scorer, advantage="reinforce")
+    with pytest.raises(NonFiniteLossError, match="nonfinite_step_0"):
+        trainer.run()
+    trainer.close()
+    saved = tmp_path / "nonfinite_step_0"
+    assert saved.is_dir() and Checkpointer(saved).latest_step() == 0
+
+
+def test_verifier_crash_scores_zero_and_is_counted(tmp_path):
+    from jaxrl_vr.verifiers import register_verifier
+
+    register_verifier("test_crashing_verifier", _crashing_verifier, overwrite=True)
+    from jaxrl_vr.tasks import TaskItem
+
+    items = [
+        TaskItem(
+            uid=f"c{i}", prompt=f"{i}+1=", answer=str(i + 1), verifier="test_crashing_verifier"
+        )
+        for i in range(2)
+    ]
+    trainer = _trainer(tmp_path, steps=1, scorer=None, items=items, advantage="grpo")
+    rows = trainer.run()
+    trainer.close()
+    assert rows[0]["verifier_errors"] == 8 and rows[0]["reward"] == 0.0
+    assert trainer.budget.verifier_errors == 8
+
+
+def _crashing_verifier(item, completion):
+    raise RuntimeError("boom")
+
+
+def test_encode_prompts_left_pads_with_bos():
+    tokens, mask = encode_prompts(TOKENIZER, ["1+2=", "10+2="], 7)
+    assert mask.tolist() == [[False, False] + [True] * 5, [False] + [True] * 6]
+    assert tokens[0, 2] == TOKENIZER.bos_id and tokens[0, 0] == TOKENIZER.pad_id
+    with pytest.raises(ValueError, match="prompt width"):
+        encode_prompts(TOKENIZER, ["123+456="], 4)
+
+
+def _parity_scorer(items, completions):
+    """Reward = 1 for even-length completions: arbitrary but varied, so the policy moves."""
+    scores = np.asarray([float(len(c) % 2 == 0) for c in completions], np.float32)
+    return VerifyResult(scores=scores, statuses=["ok"] * len(items), errors=[None] * len(items))
+
+
+@pytest.mark.parametrize("polarity,expected", [("above", 1.0), ("below", 0.0)])
+def test_pba_anchor_applies_the_kl_only_to_anchored_prompts(tmp_path, polarity, expected):
+    tracker = _tracker()
+    tracker.set_base_counts(np.full(len(ITEMS), 4), np.full(len(ITEMS), 3))  # p_base = 0.75
+    tracker.freeze_base()
+    trainer = _trainer(tmp_path, steps=1, tracker=tracker, anchor=polarity,
+                       anchor_tau_low=0.5, kl_beta=0.1, scorer=_parity_scorer)
+    rows = trainer.run()
+    trainer.close()
+    assert rows[0]["anchored_frac"] == expected
+    # The first minibatch starts at π = π_ref (KL 0); later updates move away. With no
+    # anchored prompt the KL term has no tokens at all and is exactly 0.
+    assert (rows[0]["kl"] > 0) == (expected == 1.0)
+
+
+def test_pba_anchor_without_kl_in_the_loss_is_rejected(tmp_path):
+    rl = RLConfig(steps=1, prompts_per_step=2, samples_per_prompt=4, anchor="above")
+    with pytest.raises(ValueError, match="use_kl"):
+        RLTrainer(lib.tiny_decoder(TOKENIZER.vocab_size), TOKENIZER, ITEMS, rl=rl,
+                  loss=LossConfig(), optim=OptimConfig(), workdir=str(tmp_path),
+                  tracker=_tracker())
+
+
+def test_dynamic_sampling_keeps_only_informative_groups(tmp_path):
+    trainer = _trainer(tmp_path, steps=2, advantage="grpo", scorer=_parity_scorer,
+                       dynamic_sampling=True, dynamic_max_rounds=3)
+    rows = trainer.run()
+    trainer.close()
+    for row in rows:
+        assert 1 <= row["dynamic/rounds"] <= 3
+        # Every real group of the trained batch has differing rewards; padding groups
+        # (budget spent) are invalid and carry no tokens.
+        kept = row["valid_group_frac"] * 2
+        assert kept == round(kept) and row["all_correct_frac"] == row["all_wrong_frac"] == 0
+        assert row["trained_tokens"] <= 2 * row["generated_tokens"]
+    assert trainer.data_position == 2 * sum(int(r["dynamic/rounds"]) for r in rows)

@@ -1,0 +1,262 @@
+"""Train step: hand-computed loss/grad, micro-batch exactness, no recompilation, NaN guard."""
+
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl_vr.train import step as step_lib
+from jaxrl_vr.train.optim import OptimConfig, learning_rate_schedule, make_optimizer
+
+import trainer_testlib as lib
+
+
+class TableModel(nnx.Module):
+    """Position-independent policy: hidden = 1 (D = 1), logits = w for every position.
+
+    log π(v) = w_v − logsumexp(w), so every expectation can be computed by hand.
+    """
+
+    def __init__(self, probs):
+        self.w = nnx.Param(jnp.log(jnp.asarray(probs, jnp.float32))[None, :])  # [1, V]
+
+    def hidden_states(self, tokens_bt, *, positions_bt=None, mask_bt=None):
+        del positions_bt, mask_bt
+        return jnp.ones(tokens_bt.shape + (1,), jnp.float32)
+
+    def unembed_matrix(self):
+        return self.w[...]
+
+
+def _hand_batch():
+    # p = (0.5, 0.25, 0.25). Response 0: tokens (1, 0), response 1: token 2 then padding.
+    log = math.log
+    return step_lib.RolloutBatch(
+        prompt_tokens_bs=jnp.asarray([[1, 1], [0, 1]], jnp.int32),
+        prompt_mask_bs=jnp.asarray([[True, True], [False, True]]),
+        tokens_bt=jnp.asarray([[1, 0], [2, 0]], jnp.int32),
+        mask_bt=jnp.asarray([[True, True], [True, False]]),
+        adv_b=jnp.asarray([1.0, -0.5], jnp.float32),
+        # ratios: 0.25/0.2 = 1.25, 0.5/0.5 = 1, 0.25/0.25 = 1, (masked: garbage -inf)
+        behaviour_logp_bt=jnp.asarray([[log(0.2), log(0.5)], [log(0.25), -jnp.inf]], jnp.float32),
+        # reference differs only at (0, 0): log π_ref = log 0.5 vs log π = log 0.25
+        reference_logp_bt=jnp.asarray([[log(0.5), log(0.5)], [log(0.25), jnp.nan]], jnp.float32),
+        kl_mask_b=jnp.asarray([True, True]),
+    )
+
+
+def _hand_loss(aggregation, **hyper):
+    model = TableModel([0.5, 0.25, 0.25])
+    graphdef, params, rest = step_lib.split_model(model)
+    cfg = step_lib.LossConfig(aggregation=aggregation, use_kl=True)
+    loss_fn = step_lib.make_eval_loss(graphdef, cfg)
+    h = step_lib.StepHyper.create(eps_low=0.2, eps_high=0.2, **hyper)
+    return loss_fn(params, rest, _hand_batch(), h, ())
+
+
+def test_token_mean_loss_and_grad_match_hand_computation():
+    loss, grads = _hand_loss("token_mean", kl_beta=0.0)
+    # Token losses: (0,0) r=1.25 > 1.2 with A=+1 -> −min(1.25, 1.2) = −1.2 (clipped, no grad);
+    # (0,1) r=1, A=+1 -> −1; (1,0) r=1, A=−0.5 -> +0.5. token_mean: (−1.2 − 1 + 0.5)/3.
+    np.testing.assert_allclose(float(loss), (-1.2 - 1.0 + 0.5) / 3, rtol=1e-6)
+    # ∂/∂w of −A·r·log π(y): −A·(e_y − p). Token 0 with A=1: −(0.5, −0.25, −0.25);
+    # token 2 with A=−0.5: 0.5·(−0.5, −0.25, 0.75). Sum (−0.75, 0.125, 0.625) / 3 tokens.
+    np.testing.assert_allclose(
+        np.asarray(grads["w"][...])[0], [-0.25, 0.125 / 3, 0.625 / 3], rtol=1e-5, atol=1e-7
+    )
+
+
+def test_seq_mean_token_mean_and_k3_kl_match_hand_computation():
+    loss, _ = _hand_loss("seq_mean_token_mean", kl_beta=0.1)
+    policy = ((-1.2 - 1.0) / 2 + 0.5) / 2  # mean over responses of per-response token means
+    # k3 at (0,0): d = log π_ref − log π = log 2 -> e^d − 1 − d = 1 − log 2; other tokens 0.
+    # KL aggregated with kl_aggregation="token_mean" over the 3 valid tokens.
+    kl = (1.0 - math.log(2.0)) / 3
+    np.testing.assert_allclose(float(loss), policy + 0.1 * kl, rtol=1e-5)
+
+
+def test_dual_clip_caps_negative_advantage_loss():
+    model = TableModel([0.5, 0.25, 0.25])
+    graphdef, params, rest = step_lib.split_model(model)
+    batch = _hand_batch()._replace(
+        adv_b=jnp.asarray([-1.0, -1.0], jnp.float32),
+        behaviour_logp_bt=jnp.log(jnp.asarray([[0.05, 0.5], [0.25, 1.0]], jnp.float32)),
+    )
+    cfg = step_lib.LossConfig(dual_clip=True)
+    loss, _ = step_lib.make_eval_loss(graphdef, cfg)(
+        params, rest, batch, step_lib.StepHyper.create(eps_low=0.2, eps_high=0.2, dual_clip=3.0), ()
+    )
+    # (0,0): r = 0.25/0.05 = 5, A = −1: PPO loss = 5 > c·|A| = 3 -> capped at 3.
+    # (0,1): r = 1 -> 1. (1,0): r = 1 -> 1. token_mean = (3 + 1 + 1)/3.
+    np.testing.assert_allclose(float(loss), 5.0 / 3, rtol=1e-6)
+
+
+CASES = [
+    ("token", "token_mean", "none"),
+    ("sequence", "seq_mean", "bonus"),
+    ("gspo_token", "seq_mean_token_mean", "none"),
+    ("token", "seq_mean_token_sum_norm", "bonus"),
+]
+
+
+@pytest.mark.parametrize("ratio,aggregation,entropy", CASES)
+def test_microbatched_loss_and_grads_equal_full_batch(ratio, aggregation, entropy):
+    # The real Decoder for one case, the cheap causal model for the others (compile time).
+    model = lib.tiny_decoder() if ratio == "gspo_token" else lib.CausalBagModel()
+    graphdef, params, rest = step_lib.split_model(model)
+    batch = lib.random_batch(1)
+    hyper = step_lib.StepHyper.create(kl_beta=0.2, entropy_coef=0.05, eps_low=0.1, eps_high=0.1)
+    # Move the policy off the behaviour so clipping is active in some tokens.
+    params = jax.tree.map(lambda p: p * 1.5, params)
+    results = []
+    for num in (1, 4):
+        cfg = step_lib.LossConfig(
+            ratio=ratio,
+            aggregation=aggregation,
+            use_kl=True,
+            entropy=entropy,
+            dual_clip=True,
+            num_microbatches=num,
+        )
+        results.append(step_lib.make_eval_loss(graphdef, cfg)(params, rest, batch, hyper, ()))
+    (loss1, grads1), (loss4, grads4) = results
+    assert np.isfinite(float(loss1)) and abs(float(loss1)) > 1e-4
+    np.testing.assert_allclose(float(loss4), float(loss1), rtol=1e-5, atol=1e-7)
+    chex.assert_trees_all_close(grads4, grads1, rtol=1e-4, atol=1e-6)
+
+
+def test_masked_positions_do_not_change_loss_or_grads():
+    graphdef, params, rest = step_lib.split_model(lib.CausalBagModel())
+    batch = lib.random_batch(2)
+    garbage = batch._replace(
+        behaviour_logp_bt=jnp.where(batch.mask_bt, batch.behaviour_logp_bt, jnp.inf),
+        reference_logp_bt=jnp.where(batch.mask_bt, batch.reference_logp_bt, -jnp.inf),
+        tokens_bt=jnp.where(batch.mask_bt, batch.tokens_bt, 11),
+    )
+    cfg = step_lib.LossConfig(use_kl=True, aggregation="seq_mean_token_mean")
+    fn = step_lib.make_eval_loss(graphdef, cfg)
+    hyper = step_lib.StepHyper.create(kl_beta=0.1)
+    loss_a, grads_a = fn(params, rest, batch, hyper, ())
+    loss_b, grads_b = fn(params, rest, garbage, hyper, ())
+    np.testing.assert_allclose(float(loss_b), float(loss_a), rtol=1e-6)
+    chex.assert_trees_all_close(grads_b, grads_a, rtol=1e-5, atol=1e-7)
+
+
+def _step_setup(num_microbatches=1, entropy="none", model=None):
+    graphdef, params, rest = step_lib.split_model(model or lib.CausalBagModel())
+    optimizer = make_optimizer(OptimConfig(learning_rate=1e-2, warmup_steps=2))
+    cfg = step_lib.LossConfig(num_microbatches=num_microbatches, use_kl=True, entropy=entropy)
+    state = step_lib.init_train_state(params, optimizer, cfg)
+    return step_lib.make_train_step(graphdef, rest, optimizer, cfg), state
+
+
+def test_train_step_is_traced_once_for_new_hyperparameters_and_data():
+    train_step, state = _step_setup()
+    state, m1 = train_step(state, lib.random_batch(3), step_lib.StepHyper.create(kl_beta=0.1))
+    new_hyper = step_lib.StepHyper.create(kl_beta=0.5, eps_low=0.1, eps_high=0.3, entropy_coef=0.2)
+    state, m2 = train_step(state, lib.random_batch(4), new_hyper)
+    assert train_step.jitted._cache_size() == 1
+    assert int(state.step) == 2
+    # Warm-up is a schedule of the optimizer count: lr was 0 then peak/2.
+    np.testing.assert_allclose(
+        [float(m1["learning_rate"]), float(m2["learning_rate"])], [0.0, 5e-3], rtol=1e-6
+    )
+
+
+def test_train_step_microbatched_update_equals_full_batch_update():
+    batch = lib.random_batch(5)
+    hyper = step_lib.StepHyper.create(kl_beta=0.1)
+    outs = []
+    for num in (1, 2):
+        train_step, state = _step_setup(num, model=lib.tiny_decoder())
+        state, _ = train_step(state, batch, hyper)
+        state, metrics = train_step(state, batch, hyper)  # second step: lr > 0 after warm-up
+        outs.append((state.params, metrics))
+    chex.assert_trees_all_close(outs[1][0], outs[0][0], rtol=1e-5, atol=1e-6)
+    for key in ("loss", "kl", "entropy", "clip_frac_high", "trained_tokens"):
+        np.testing.assert_allclose(
+            float(outs[1][1][key]), float(outs[0][1][key]), rtol=1e-5, atol=1e-7
+        )
+
+
+def test_nonfinite_loss_leaves_state_unchanged_and_is_flagged():
+    train_step, state = _step_setup()
+    batch = lib.random_batch(6)
+    bad = batch._replace(adv_b=batch.adv_b.at[3].set(jnp.nan))
+    new_state, metrics = train_step(state, bad, step_lib.StepHyper.create())
+    assert float(metrics["nonfinite"]) == 1.0
+    chex.assert_trees_all_equal(new_state.params, state.params)
+    assert int(new_state.step) == 0
+
+
+def test_entropy_feedback_controller_widens_upper_clip_when_entropy_is_low():
+    train_step, state = _step_setup(entropy="feedback")
+    hyper = step_lib.StepHyper.create(
+        eps_high=0.2, entropy_target=10.0, entropy_step_size=0.05, entropy_k_max=0.08
+    )
+    ks = []
+    for seed in range(3):
+        state, metrics = train_step(state, lib.random_batch(seed), hyper)
+        ks.append(float(state.controller.k))
+    # Entropy (<= log 12) is below the 10-nat target: k rises by δ and saturates at k_max.
+    np.testing.assert_allclose(ks, [0.05, 0.08, 0.08], rtol=1e-6)
+    # eps_high in force at the third step = 1/(1 − 0.2) + k(=0.08 before the step) − 1.
+    np.testing.assert_allclose(float(metrics["eps_high"]), 1 / 0.8 + 0.08 - 1, rtol=1e-6)
+
+
+def test_loss_config_rejects_unknown_modes():
+    with pytest.raises(ValueError, match="ratio"):
+        step_lib.LossConfig(ratio="tokn")
+    with pytest.raises(ValueError, match="aggregation"):
+        step_lib.LossConfig(aggregation="mean")
+
+
+def test_cosine_schedule_warms_up_then_decays():
+    schedule = learning_rate_schedule(
+        OptimConfig(
+            learning_rate=1.0, warmup_steps=2, schedule="cosine", decay_steps=6, end_lr_ratio=0.1
+        )
+    )
+    # Linear warm-up 0 -> 1 over 2 steps, then cosine from 1 to 0.1 over 4 steps.
+    values = [float(schedule(i)) for i in (0, 1, 2, 4, 6)]
+    np.testing.assert_allclose(values, [0.0, 0.5, 1.0, 0.1 + 0.9 * 0.5, 0.1], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="decay_steps"):
+        learning_rate_schedule(OptimConfig(schedule="cosine", warmup_steps=3, decay_steps=2))
+
+
+def test_data_parallel_step_on_a_mesh_equals_single_device_step():
+    from jaxrl_vr import parallel
+
+    mesh = parallel.make_mesh(data=jax.device_count())
+    batch = lib.random_batch(7, batch=jax.device_count() * 2)
+    hyper = step_lib.StepHyper.create(kl_beta=0.1)
+    train_step, state = _step_setup(2)
+    plain_state, plain_metrics = train_step(state, batch, hyper)
+    sharded_state, sharded_metrics = train_step(
+        jax.device_put(state, parallel.replicated(mesh)), parallel.shard_batch(batch, mesh), hyper
+    )
+    assert len(sharded_metrics["loss"].sharding.device_set) == jax.device_count()
+    chex.assert_trees_all_close(sharded_state.params, plain_state.params, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        float(sharded_metrics["loss"]), float(plain_metrics["loss"]), rtol=1e-5
+    )
+
+
+def test_detached_behaviour_equals_recomputed_behaviour_on_policy():
+    graphdef, params, rest = step_lib.split_model(lib.CausalBagModel())
+    batch = lib.random_batch(8)
+    logp_bt, _ = step_lib.make_logprob_fn(graphdef)(
+        params, rest, batch.prompt_tokens_bs, batch.prompt_mask_bs, batch.tokens_bt,
+        batch.mask_bt)
+    on_policy = batch._replace(behaviour_logp_bt=logp_bt)
+    hyper = step_lib.StepHyper.create(kl_beta=0.1)
+    results = []
+    for detach in (False, True):
+        cfg = step_lib.LossConfig(detach_behaviour=detach, use_kl=True, num_microbatches=2)
+        results.append(step_lib.make_eval_loss(graphdef, cfg)(params, rest, on_policy, hyper, ()))
+    np.testing.assert_allclose(float(results[1][0]), float(results[0][0]), rtol=1e-6)
+    chex.assert_trees_all_close(results[1][1], results[0][1], rtol=1e-5, atol=1e-7)
