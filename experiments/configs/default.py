@@ -117,6 +117,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     c.eval.num_samples = 16  # n samples per held-out prompt (pass@k for k = 1..n)
     c.eval.temperature = 1.0
     c.eval.prompts_per_chunk = 40
+    c.eval.base_calibration_samples = 256  # independent base samples per prompt for regimes (0 = reuse n)
 
     c.run = ml_collections.ConfigDict()
     c.run.progress = True  # progress bar
@@ -143,6 +144,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
         c.rl.verifier_workers = 0
         c.eval.num_samples = 4
         c.eval.prompts_per_chunk = 10
+        c.eval.base_calibration_samples = 8
         c.run.progress = False
         c.run.tensorboard = True
     c.lock()

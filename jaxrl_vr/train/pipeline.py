@@ -3,8 +3,9 @@
 1. Build (once, cached in ``<workdir>/base``) a base policy: a small Decoder with the
    built-in character tokenizer, warm-started by a short supervised phase on the
    built-in arithmetic task and stopped while imperfect.
-2. Estimate the base's per-prompt pass rates on held-out prompts (n samples each;
-   cached in ``<workdir>/base_eval.json``).
+2. Estimate the base's per-prompt pass rates on held-out prompts: n samples each for
+   pass@k (``<workdir>/base_eval.json``) and an independent calibration set (n = 256 by
+   default, ``<workdir>/base_calibration.json``) that assigns the PBA regimes.
 3. RL with ``RLTrainer`` (checkpointed, resumable).
 4. Evaluate the trained policy on the same prompts; write summary.json, report.md,
    metrics plots and the pass@k plot; return the summary.
@@ -77,11 +78,19 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-    """Held-out evaluation: ``num_samples`` (n) samples per prompt at ``temperature``."""
+    """Held-out evaluation: ``num_samples`` (n) samples per prompt at ``temperature``.
+
+    ``base_calibration_samples`` (SPEC §4's frozen-base cache, n = 256 on small tasks) are
+    drawn from the base separately from its pass@k samples and give the per-prompt p_base
+    that assigns PBA regimes. Taking regimes from the same samples as base pass@k would
+    bias the regime split (a prompt called out_of_reach would have base pass@k = 0 by
+    construction). 0 falls back to the base pass@k samples.
+    """
 
     num_samples: int = 16
     temperature: float = 1.0
     prompts_per_chunk: int = 40
+    base_calibration_samples: int = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -344,16 +353,25 @@ def build_base(
         ckpt.close()
 
 
-def evaluate(model, tokenizer, items, cfg: PipelineConfig, seed_offset: int) -> dict:
+def evaluate(
+    model, tokenizer, items, cfg: PipelineConfig, seed_offset: int, *, num_samples: int | None = None
+) -> dict:
+    """Per-prompt success counts from ``num_samples`` (default n) samples per prompt.
+
+    Chunks hold about ``prompts_per_chunk * n`` responses whatever ``num_samples`` is, so a
+    256-sample calibration does not build a 16x larger KV cache.
+    """
+    num_samples = num_samples or cfg.eval.num_samples
+    responses_per_chunk = cfg.eval.prompts_per_chunk * cfg.eval.num_samples
     return count_successes(
         model,
         tokenizer,
         items,
-        num_samples=cfg.eval.num_samples,
+        num_samples=num_samples,
         max_new_tokens=cfg.rl.max_new_tokens,
         key=jax.random.key(cfg.seed * 7919 + seed_offset),
         temperature=cfg.eval.temperature,
-        prompts_per_chunk=cfg.eval.prompts_per_chunk,
+        prompts_per_chunk=max(1, responses_per_chunk // num_samples),
     )
 
 
@@ -418,11 +436,21 @@ def run_pipeline(
         eval_digest,
         lambda: evaluate(model, tokenizer, heldout, cfg, 1),
     )
-    t_base_eval = time.perf_counter() - t0
     n = cfg.eval.num_samples
+    n_cal = cfg.eval.base_calibration_samples
+    if n_cal > 0:
+        calibration = _cached_eval(
+            os.path.join(workdir, "base_calibration.json"),
+            _digest({"eval": eval_digest, "n_cal": n_cal}),
+            lambda: evaluate(model, tokenizer, heldout, cfg, 4, num_samples=n_cal),
+        )
+        p_base = calibration["counts"] / n_cal
+    else:
+        calibration, p_base, n_cal = {"generated_tokens": 0}, base_eval["counts"] / n, n
+    t_base_eval = time.perf_counter() - t0
     log(
         f"[base] held-out pass@1 = {base_eval['counts'].mean() / n:.4f} "
-        f"({len(heldout)} prompts × {n} samples)"
+        f"({len(heldout)} prompts × {n} samples; regimes from {n_cal} calibration samples)"
     )
 
     tracker = PromptTracker(len(train_items), uids=[it.uid for it in train_items])
@@ -462,7 +490,9 @@ def run_pipeline(
     final_eval = evaluate(final_model, tokenizer, heldout, cfg, 2)
     t_final_eval = time.perf_counter() - t0
 
-    report = eval_lib.passk_report(base_eval["counts"], final_eval["counts"], n, regime_n=n)
+    report = eval_lib.passk_report(
+        base_eval["counts"], final_eval["counts"], n, p_base=p_base, regime_n=n_cal
+    )
     metrics_path = os.path.join(workdir, "metrics.jsonl")
     plots = {}
     plots["passk"] = str(
@@ -488,7 +518,9 @@ def run_pipeline(
         "regime_counts": report["regime_counts"],
         "budget": {
             **budget,
-            "eval_generated_tokens": base_eval["generated_tokens"] + final_eval["generated_tokens"],
+            "eval_generated_tokens": base_eval["generated_tokens"]
+            + final_eval["generated_tokens"]
+            + calibration["generated_tokens"],
         },
         "wall_time_s": {
             "sft": t_sft,

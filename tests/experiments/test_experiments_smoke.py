@@ -67,6 +67,7 @@ def test_smoke_run_writes_summary_metrics_plots_and_resumes(tmp_path):
         "reward_curve.png",
         "config.json",
         "base_eval.json",
+        "base_calibration.json",
     ):
         assert os.path.isfile(os.path.join(workdir, name)), name
     assert os.path.isdir(os.path.join(workdir, "tb")) and os.listdir(os.path.join(workdir, "tb"))
@@ -76,6 +77,8 @@ def test_smoke_run_writes_summary_metrics_plots_and_resumes(tmp_path):
     assert len(stored["passk"]["pass_at_k"]["base"]) == n == len(stored["passk"]["ks"])
     assert set(stored["regime_counts"]) == {"out_of_reach", "boundary", "reachable", "solved_easy"}
     assert sum(stored["regime_counts"].values()) == cfg.task.num_eval
+    # Regimes come from the independent calibration samples, not the base pass@k ones.
+    assert stored["passk"]["regime_n"] == cfg.eval.base_calibration_samples != n
     assert stored["budget"]["generated_tokens"] > 0 and stored["wall_time_s"]["total"] > 0
     assert 0.0 <= summary["final_pass_at_1"] <= 1.0
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
