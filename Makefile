@@ -8,6 +8,7 @@ STAMP := $(VENV)/.installed
 WORKDIR ?= runs/default
 CONFIG ?= experiments/configs/default.py
 PYTEST_ARGS ?=
+ARGS ?=
 
 .PHONY: setup run test test-fast smollm2 bench-decode bench-verifiers bench-rl-step clean-venv
 
@@ -20,7 +21,7 @@ $(STAMP): setup.cfg pyproject.toml
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m experiments.train --config=$(CONFIG) --workdir=$(WORKDIR)
+	$(PY) -m experiments.train --config=$(CONFIG) --workdir=$(WORKDIR) $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup $(PYTEST_ARGS)
