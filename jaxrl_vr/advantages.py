@@ -171,7 +171,9 @@ def prompt_weighted(
     rewards_pg, valid_pg = _prepare(rewards_pg, valid_pg, "prompt_weighted")
     chex.assert_shape(weight_p, (rewards_pg.shape[0],))
     stats = group_stats(rewards_pg, valid_pg)
-    return jnp.asarray(weight_p, jnp.float32)[:, None] * stats.centred_pg
+    weighted_pg = jnp.asarray(weight_p, jnp.float32)[:, None] * stats.centred_pg
+    # Exactly 0 where the centred reward is (invalid or degenerate), even for w = inf.
+    return jnp.where(stats.centred_pg != 0.0, weighted_pg, 0.0)
 
 
 # ----------------------------------------------------------------------------- CurveRL

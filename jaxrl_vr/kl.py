@@ -10,7 +10,8 @@ Divergence", 2020, http://joschu.net/blog/kl-approx.html):
 | k2   | ½ d²                 | biased, low variance, ≥ 0                                 |
 | k3   | exp(d) − d − 1       | unbiased, low variance, ≥ 0 (default; GRPO's KL term)     |
 
-d is clipped to ±20 before exp, so k3 is finite for any input.
+k1 and k2 use d as it is; k3 clips d at +20 before exp (SPEC §3.4), so it is finite for
+any input and exact whenever d ≤ 20.
 """
 
 from __future__ import annotations
@@ -43,15 +44,21 @@ def estimate(logp: jax.Array, ref_logp: jax.Array, kind: str = "k3", *,
     chex.assert_equal_shape([logp, ref_logp])
     logp = jnp.asarray(logp, jnp.float32)
     ref_logp = jax.lax.stop_gradient(jnp.asarray(ref_logp, jnp.float32))
-    log_ratio = ratios.clip_log_ratio(ref_logp - logp)  # d = log π_ref − log π_θ
+    log_ratio = ref_logp - logp  # d = log π_ref − log π_θ
+    if mask is not None:
+        chex.assert_equal_shape([logp, mask])
+        chex.assert_type(mask, bool)
+        # Masked elements may hold inf/NaN (padding): d = 0 there gives zero value and grad.
+        log_ratio = jnp.where(mask, log_ratio, 0.0)
     if kind == "k1":
         kl = -log_ratio
     elif kind == "k2":
         kl = 0.5 * jnp.square(log_ratio)
     else:
-        kl = jnp.expm1(log_ratio) - log_ratio  # exp(d) − 1 − d, accurate for small d
+        # Only exp can overflow, so only d > LOG_RATIO_BOUND is clipped (SPEC §3.4): the
+        # other side stays exact and keeps its gradient however far the policy drifts.
+        clipped = jnp.minimum(log_ratio, ratios.LOG_RATIO_BOUND)
+        kl = jnp.expm1(clipped) - clipped  # exp(d) − 1 − d, accurate for small d
     if mask is not None:
-        chex.assert_equal_shape([logp, mask])
-        chex.assert_type(mask, bool)
         kl = jnp.where(mask, kl, 0.0)
     return kl

@@ -114,6 +114,14 @@ class HandComputedTest(parameterized.TestCase):
         np.testing.assert_allclose(adv, expected, rtol=1e-6)
 
     @chex.variants(with_jit=True, without_jit=True)
+    def test_prompt_weighted_infinite_weight_on_degenerate_or_invalid_is_zero(self):
+        rewards = jnp.array([[1.0, 1.0], [1.0, 0.0]])
+        valid = jnp.array([[True, True], [True, False]])
+        # Row 0 is all-equal, row 1 has K = 1: both centre to 0, and 0 · inf must stay 0.
+        adv = self.variant(advantages.prompt_weighted)(rewards, jnp.array([jnp.inf, 1.0]), valid)
+        chex.assert_trees_all_equal(adv, jnp.zeros((2, 2), jnp.float32))
+
+    @chex.variants(with_jit=True, without_jit=True)
     def test_reinforce(self):
         valid = jnp.array([[True, True, False, True]] * 3)
         adv = self.variant(advantages.reinforce)(self.rewards * 3.0, valid)

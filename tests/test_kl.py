@@ -63,9 +63,21 @@ class EstimateTest(chex.TestCase):
         value, grad = jax.jit(jax.value_and_grad(total))(logp)
         self.assertTrue(np.isfinite(value))
         self.assertTrue(np.isfinite(grad).all())
-        # d = -1e4 clipped to -20: k3 = e^-20 + 20 - 1 ≈ 19; d = +1e4 -> 20: e^20 - 21.
+        # d = -1e4 is exact (no exp overflow): k3 = e^-1e4 + 1e4 - 1 = 9999;
+        # d = +1e4 is clipped to 20 before exp: e^20 - 20 - 1 = e^20 - 21.
         np.testing.assert_allclose(kl.estimate(logp, ref_logp, "k3")[:2],
-                                   [math.exp(-20) + 19.0, math.exp(20) - 21.0], rtol=1e-5)
+                                   [9999.0, math.exp(20) - 21.0], rtol=1e-5)
+        # The unclipped side keeps pulling: d k3/d logp = 1 - e^d = 1 at d = -1e4.
+        np.testing.assert_allclose(grad[0], 1.0, rtol=1e-6)
+
+    def test_k1_k2_are_not_clipped(self):
+        logp = jnp.array([0.0])
+        ref_logp = jnp.array([-30.0])
+        # d = -30: k1 = -d = 30; k2 = d^2/2 = 450.
+        np.testing.assert_allclose(kl.estimate(logp, ref_logp, "k1"), [30.0])
+        np.testing.assert_allclose(kl.estimate(logp, ref_logp, "k2"), [450.0])
+        grad_k2 = jax.grad(lambda lp: jnp.sum(kl.estimate(lp, ref_logp, "k2")))(logp)
+        np.testing.assert_allclose(grad_k2, [30.0])  # d/dlp ½(lp - ref)^2 = lp - ref
 
     def test_mask_and_errors(self):
         logp = jnp.array([[0.0, 0.0]])
