@@ -13,6 +13,7 @@ from flax import nnx
 from jaxrl_vr.models import from_pretrained
 from jaxrl_vr.sampling import filter_logits, generate, sample_token
 from jaxrl_vr.sampling import sampler as sampler_lib
+from jaxrl_vr.sampling.sampler import argmax_last
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
 NO_STOP = (-1,)  # A stop id that never occurs (keeps the stop-id array shape fixed: one id).
@@ -82,6 +83,43 @@ def test_stop_tokens_end_responses(llama):
     np.testing.assert_array_equal(rollout.truncated_b, [False, True, True])
     np.testing.assert_array_equal(rollout.tokens_bt[1:], ref["greedy_tokens"][1:])
     assert float(jnp.abs(rollout.logp_bt[0, 5:]).max()) == 0.0
+
+
+def test_last_token_emitted_after_the_loop(llama):
+    """The final token is sampled from the last logits without another forward pass: budgets of
+    1 (no loop iteration at all) and 5 (row 0's stop token 68 is exactly the 5th, emitted after
+    the loop) must give the fixture's greedy tokens, lengths and truncation flags."""
+    model, ref = llama
+    one = generate(jax.random.key(0), model, ref["input_ids"], ref["attention_mask"], max_new_tokens=1,
+                   greedy=True, stop_token_ids=NO_STOP)
+    np.testing.assert_array_equal(one.tokens_bt, ref["greedy_tokens"][:, :1])
+    np.testing.assert_array_equal(one.length_b, [1, 1, 1])
+    np.testing.assert_array_equal(one.truncated_b, [True, True, True])
+    five = generate(jax.random.key(0), model, ref["input_ids"], ref["attention_mask"], max_new_tokens=5,
+                    greedy=True, stop_token_ids=(68,))
+    np.testing.assert_array_equal(five.tokens_bt, ref["greedy_tokens"][:, :5])  # Row 0 = [85, 44, 113, 85, 68].
+    np.testing.assert_array_equal(five.length_b, [5, 5, 5])
+    np.testing.assert_array_equal(five.truncated_b, [False, True, True])
+
+
+class ArgmaxLastTest(chex.TestCase):
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_first_maximum_hand_computed(self):
+        fn = self.variant(argmax_last)
+        x = jnp.array([[1.0, 3.0, 3.0, 2.0],   # Tie at 1 and 2: the first wins, as in jnp.argmax.
+                       [-5.0, -5.0, -5.0, -5.0],  # All equal: index 0.
+                       [0.0, 0.0, 0.0, 7.0],
+                       [1.0, jnp.nan, 0.0, 0.0]])  # NaN: no entry equals the max -> last index, in range.
+        out = fn(x)
+        assert out.dtype == jnp.int32
+        np.testing.assert_array_equal(out, [1, 0, 3, 3])
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_matches_jnp_argmax_on_finite_rows(self):
+        x = jax.random.normal(jax.random.key(1), (16, 1000))
+        x = jnp.round(x * 4) / 4  # Coarse values: many ties.
+        np.testing.assert_array_equal(self.variant(argmax_last)(x), jnp.argmax(x, axis=-1))
 
 
 def test_left_padding_gives_same_result_as_unpadded(llama):
