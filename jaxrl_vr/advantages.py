@@ -231,6 +231,7 @@ def curverl(
     state: CurveRLState,
     valid_pg: Array | None = None,
     *,
+    success_pg: Array | None = None,
     num_bins: int | None = None,
     eps: float = weighting.CURVERL_EPS,
 ) -> tuple[jnp.ndarray, CurveRLState]:
@@ -258,6 +259,11 @@ def curverl(
       rewards_pg: float [P, G] rewards, P ≤ the state's num_prompts.
       state: CurveRLState from ``curverl_init`` or a previous call.
       valid_pg: optional bool [P, G].
+      success_pg: optional float [P, G] verifier outcomes in [0, 1] (e.g. the verifier
+        score before an overlong or hack penalty is added to the reward). When given,
+        p̂, the histogram and the window use it, and step 6 becomes w_x · (R − R̄) on the
+        shaped rewards, so a penalty term keeps its effect. Default: derived from the
+        rewards as in the authors' code (step 1).
       num_bins: static histogram size (default max(G + 1, 2)).
       eps: floor of the histogram mass sum and CDF.
 
@@ -265,6 +271,8 @@ def curverl(
       (adv_pg float32 [P, G], new_state).
     """
     rewards_pg, valid_pg = _prepare(rewards_pg, valid_pg, "curverl")
+    if success_pg is not None:
+        chex.assert_equal_shape([rewards_pg, success_pg])
     num_p, group = rewards_pg.shape
     chex.assert_rank([state.window_p_wn, state.window_valid_wn], 2)
     chex.assert_equal_shape([state.window_p_wn, state.window_valid_wn])
@@ -275,9 +283,15 @@ def curverl(
             f"state with curverl_init(num_prompts>={num_p}, window=...).")
     num_bins = weighting.curverl_num_bins(group) if num_bins is None else int(num_bins)
 
-    successes_pg = _curverl_successes(rewards_pg, valid_pg)
+    if success_pg is None:
+        successes_pg = _curverl_successes(rewards_pg, valid_pg)
+    else:
+        successes_pg = jnp.clip(jnp.asarray(success_pg, jnp.float32), 0.0, 1.0)
     stats = group_stats(successes_pg, valid_pg)
     p_hat_p = stats.mean_p  # sum / max(K, 1), as the authors compute it
+    centred_pg = stats.centred_pg
+    if success_pg is not None:  # step 6 on the shaped rewards
+        centred_pg = group_stats(rewards_pg, valid_pg).centred_pg
     enters_p = (stats.count_p > 0.0) & (p_hat_p > 0.0) & (p_hat_p < 1.0)
 
     pad = width - num_p
@@ -296,7 +310,7 @@ def curverl(
 
     weight_p = jnp.where(
         enters_p, weighting.curverl_prompt_weights(p_hat_p, bin_weight_b), 0.0)
-    adv_pg = weight_p[:, None] * stats.centred_pg
+    adv_pg = weight_p[:, None] * centred_pg
 
     if window > 0:
         slot = state.next_slot

@@ -440,3 +440,20 @@ class PairWeightedTest(parameterized.TestCase):
             advantages.pair_weighted(self.pair, neg_weight=-1.0)
         with pytest.raises(ValueError, match="neg_weight"):
             advantages.pair_weighted(self.pair, neg_weight=jnp.ones(3))
+
+
+def test_curverl_success_pg_keeps_a_reward_penalty():
+    # Verifier outcomes and the shaped reward (sample 2 of prompt 0 pays a 0.5 overlong penalty).
+    success = jnp.array([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    rewards = jnp.array([[1.0, 1.0, -0.5, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    state = advantages.curverl_init(2, window=2)
+    # p̂ = 0.5 for both prompts; first step -> reference = this batch; G = 4 -> 5 bins,
+    # bin(0.5) = floor(2.5) = 2 holds all the mass: mass[2] = 1, cdf[2] = 1, w = 1.
+    # Row 0: R̄ = (1 + 1 - 0.5 + 0)/4 = 0.375 -> [0.625, 0.625, -0.875, -0.375].
+    adv, _ = jax.jit(advantages.curverl)(rewards, state, success_pg=success)
+    np.testing.assert_allclose(
+        adv, [[0.625, 0.625, -0.875, -0.375], [0.5, 0.5, -0.5, -0.5]], rtol=1e-6)
+    # Without success_pg the authors' mapping binarises the whole batch (R > 0): the
+    # penalty disappears.
+    adv_default, _ = advantages.curverl(rewards, state)
+    np.testing.assert_allclose(adv_default, [[0.5, 0.5, -0.5, -0.5]] * 2, rtol=1e-6)

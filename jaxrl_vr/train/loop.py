@@ -473,7 +473,11 @@ class RLTrainer:
         scores_b, rewards_b = arrays["scores_b"], arrays["rewards_b"]
         rewards_pg = rewards_b.reshape(num_p, num_g)
         adv_pg, self.state["curverl"] = compute_advantages(
-            rl.advantage, rewards_pg, valid_pg, self.state["curverl"]
+            rl.advantage,
+            rewards_pg,
+            valid_pg,
+            self.state["curverl"],
+            scores_pg=scores_b.reshape(num_p, num_g),
         )
         adv_b = np.asarray(adv_pg, np.float32).reshape(-1)
 

@@ -50,8 +50,12 @@ def decode_responses(tokenizer, tokens_bt: np.ndarray, mask_bt: np.ndarray) -> l
     ]
 
 
-def compute_advantages(estimator: str, rewards_pg, valid_pg, curverl_state):
-    """(adv_pg, new_curverl_state) from the configured estimator (SPEC §3.1)."""
+def compute_advantages(estimator: str, rewards_pg, valid_pg, curverl_state, *, scores_pg=None):
+    """(adv_pg, new_curverl_state) from the configured estimator (SPEC §3.1).
+
+    ``scores_pg`` (verifier scores before penalties) give CurveRL its pass rates, so an
+    overlong or hack penalty in ``rewards_pg`` never changes which prompts it weights.
+    """
     rewards_pg = jnp.asarray(rewards_pg, jnp.float32)
     valid_pg = jnp.asarray(valid_pg, bool)
     if estimator == "grpo":
@@ -65,7 +69,7 @@ def compute_advantages(estimator: str, rewards_pg, valid_pg, curverl_state):
     if estimator == "reinforce":
         return adv_lib.reinforce(rewards_pg, valid_pg), curverl_state
     if estimator == "curverl":
-        return adv_lib.curverl(rewards_pg, curverl_state, valid_pg)
+        return adv_lib.curverl(rewards_pg, curverl_state, valid_pg, success_pg=scores_pg)
     raise ValueError(f"unknown advantage estimator {estimator!r}; one of {ADVANTAGE_ESTIMATORS}.")
 
 
