@@ -81,6 +81,16 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     c.rl.anchor_tau_high = 1.0
     c.rl.dynamic_sampling = False  # DAPO: keep only groups with differing scores
     c.rl.dynamic_max_rounds = 3  # generation rounds per batch when dynamic_sampling
+    c.rl.two_stage = False  # MAI-Thinking-1 two-stage sampling: probe, continue if informative
+    c.rl.two_stage_probe = 4  # G_probe samples per prompt in the probe (<= samples_per_prompt)
+    c.rl.two_stage_lo = 0.0  # continue to G = samples_per_prompt iff lo <= probe pass rate
+    c.rl.two_stage_hi = 0.75  # ... <= hi (inclusive); others keep only their probe samples
+    c.rl.pairing = False  # Weighted-GRPO prompt choice: P/2 (q+, q-) pairs from the tracker
+    c.rl.pairing_neg_c = 2  # c of the q- band [1 - c/G, 1 - 1/G]
+    c.rl.pairing_pos_max = 0.25  # q+ band (pos_min, pos_max] on the tracked success rate
+    c.rl.pairing_pos_min = 0.0
+    c.rl.pairing_min_count = 4  # tracked samples a prompt needs to enter a pool
+    c.rl.pairing_strategy = "random"  # random | extreme (hardest q+ with most-solved q-)
     c.rl.verifier_workers = 1  # VerifierPool processes (0 = score in-process)
     c.rl.verifier_timeout_s = 5.0
     c.rl.checkpoint_every = 50  # steps between checkpoints (0 = only at the end)

@@ -77,6 +77,22 @@ class RLConfig:
       dynamic_sampling: DAPO dynamic sampling (arXiv 2503.14476): drop groups whose
         verifier scores are all equal and sample more rounds until P groups are kept.
       dynamic_max_rounds: generation rounds allowed per batch (the budget).
+      two_stage: two-stage sampling (MAI-Thinking-1; SPEC §4): sample two_stage_probe
+        responses per prompt, then continue to samples_per_prompt (G_full) only for
+        prompts whose probe pass rate (mean verifier score) lies in [two_stage_lo,
+        two_stage_hi]; the others keep their probe samples as a ragged group (the rest
+        of their [P, G_full] row is invalid padding). Exclusive with dynamic_sampling.
+      two_stage_probe: G_probe, 1 <= G_probe <= samples_per_prompt.
+      two_stage_lo, two_stage_hi: the continuation band (inclusive), 0 <= lo <= hi <= 1.
+      pairing: positive–negative prompt pairing (Weighted GRPO, arXiv 2602.03452; SPEC
+        §3.3): each step's P prompts are P/2 (q⁺, q⁻) pairs drawn from the tracker's pools
+        (``jaxrl_vr.selection.pairing``) when both pools are non-empty, else the normal
+        data order. Only the prompt choice; the advantage is still rl.advantage. Needs a
+        tracker and an even prompts_per_step.
+      pairing_neg_c: c of the q⁻ band [1 − c/G, 1 − 1/G] (G = samples_per_prompt).
+      pairing_pos_max, pairing_pos_min: the q⁺ band (pos_min, pos_max].
+      pairing_min_count: tracked samples a prompt needs to enter a pool.
+      pairing_strategy: "random" or "extreme" (``select_pairs``).
       verifier_workers, verifier_timeout_s: VerifierPool settings (0 workers = in-process).
       checkpoint_every: save every N steps (0 = only at the end); max_to_keep: checkpoints kept.
       seed: PRNG seed of sampling and data order.
@@ -111,6 +127,16 @@ class RLConfig:
     anchor_tau_high: float = 1.0
     dynamic_sampling: bool = False
     dynamic_max_rounds: int = 3
+    two_stage: bool = False
+    two_stage_probe: int = 4
+    two_stage_lo: float = 0.0
+    two_stage_hi: float = 0.75
+    pairing: bool = False
+    pairing_neg_c: int = 2
+    pairing_pos_max: float = 0.25
+    pairing_pos_min: float = 0.0
+    pairing_min_count: int = 4
+    pairing_strategy: str = "random"
     verifier_workers: int = 1
     verifier_timeout_s: float = 5.0
     checkpoint_every: int = 0
@@ -140,6 +166,44 @@ class RLConfig:
                 f"rl.num_minibatches={self.num_minibatches} does not divide the "
                 f"rollout batch P·G={batch}."
             )
+        if self.two_stage:
+            if not 1 <= self.two_stage_probe <= self.samples_per_prompt:
+                raise ValueError(
+                    f"rl.two_stage_probe={self.two_stage_probe} must lie in [1, "
+                    f"rl.samples_per_prompt={self.samples_per_prompt}]."
+                )
+            if not 0.0 <= self.two_stage_lo <= self.two_stage_hi <= 1.0:
+                raise ValueError(
+                    f"need 0 <= rl.two_stage_lo <= rl.two_stage_hi <= 1, got "
+                    f"{self.two_stage_lo}, {self.two_stage_hi}."
+                )
+            if self.dynamic_sampling:
+                raise ValueError(
+                    "rl.two_stage and rl.dynamic_sampling are exclusive; turn one off."
+                )
+
+        if self.pairing:
+            if self.prompts_per_step % 2:
+                raise ValueError(
+                    f"rl.pairing needs an even rl.prompts_per_step (P/2 pairs), got "
+                    f"{self.prompts_per_step}."
+                )
+            if self.pairing_strategy not in ("random", "extreme"):
+                raise ValueError(
+                    f"rl.pairing_strategy={self.pairing_strategy!r} is not one of "
+                    "('random', 'extreme')."
+                )
+            num_g, neg_c = self.samples_per_prompt, self.pairing_neg_c
+            if num_g < 2 or not 1 <= neg_c <= num_g:
+                raise ValueError(
+                    f"rl.pairing needs samples_per_prompt >= 2 and 1 <= pairing_neg_c <= "
+                    f"samples_per_prompt; got {self.samples_per_prompt}, {self.pairing_neg_c}."
+                )
+            if not 0.0 <= self.pairing_pos_min < self.pairing_pos_max <= 1.0:
+                raise ValueError(
+                    f"need 0 <= rl.pairing_pos_min < rl.pairing_pos_max <= 1, got "
+                    f"{self.pairing_pos_min}, {self.pairing_pos_max}."
+                )
 
     def hyper(self) -> step_lib.StepHyper:
         return step_lib.StepHyper.create(
@@ -173,6 +237,65 @@ class Budget:
     total_s: float = 0.0
     verifier_errors: float = 0.0
     verifier_timeouts: float = 0.0
+
+
+# ------------------------------------------------------------------------------- two-stage
+
+
+_ZERO_WHEN_INVALID = ("logp_bt", "mask_bt", "length_b", "truncated_b", "scores_b", "rewards_b")
+
+
+def join_two_stage(
+    probe: dict, extra: dict | None, continue_p: np.ndarray, *, g_probe: int, g_full: int
+) -> tuple[dict, np.ndarray]:
+    """Joins probe and continuation rollouts into fixed [P·G_full, ...] arrays (host numpy).
+
+    Row p of the [P, G_full] layout holds prompt p's G_probe probe samples, then its
+    G_full − G_probe continuation samples if ``continue_p[p]``; otherwise those slots are
+    padding: a copy of the prompt's first probe sample (so every prompt row stays a real
+    prompt for the model call) with mask, log-probs, length, truncation, score and reward
+    zeroed. Rewards and validity follow ``merge_probe_and_continuation``.
+
+    Args:
+      probe: per-response arrays of the probe round, [P·G_probe, ...] (``_sample_round``).
+      extra: per-response arrays of the continued prompts, [P_cont·(G_full − G_probe), ...]
+        in prompt order, or None when nothing continued (or G_probe = G_full).
+      continue_p: [P] bool.
+
+    Returns:
+      (arrays [P·G_full, ...], valid_pg [P, G_full] bool).
+    """
+    from jaxrl_vr.selection.two_stage import merge_probe_and_continuation
+
+    cont = np.asarray(continue_p, bool)
+    num_p, g_extra = cont.shape[0], g_full - g_probe
+    if extra is None:
+        cont = np.zeros_like(cont)
+    elif int(cont.sum()) * g_extra != np.asarray(extra["scores_b"]).shape[0]:
+        raise ValueError(
+            f"continuation has {np.asarray(extra['scores_b']).shape[0]} samples; expected "
+            f"{int(cont.sum())} continued prompts × {g_extra}."
+        )
+    _, valid_pg = merge_probe_and_continuation(
+        np.zeros((num_p, g_probe)),
+        np.zeros((num_p, g_extra)),
+        cont,
+    )
+    out = {}
+    for name, value in probe.items():
+        value = np.asarray(value)
+        probe_pg = value.reshape(num_p, g_probe, *value.shape[1:])
+        full = np.concatenate(
+            [probe_pg, np.repeat(probe_pg[:, :1], g_extra, axis=1)], axis=1
+        )
+        if extra is not None and cont.any():
+            ext = np.asarray(extra[name])
+            full[cont, g_probe:] = ext.reshape(-1, g_extra, *ext.shape[1:])
+        if name in _ZERO_WHEN_INVALID:
+            keep = valid_pg.reshape(valid_pg.shape + (1,) * (full.ndim - 2))
+            full = np.where(keep, full, np.zeros((), full.dtype))
+        out[name] = full.reshape(num_p * g_full, *value.shape[1:])
+    return out, valid_pg
 
 
 # ------------------------------------------------------------------------------------ loop
@@ -274,6 +397,8 @@ class RLTrainer:
                 f"rl.anchor={rl.anchor!r} anchors the reference KL, but loss.use_kl is False; "
                 "set loss.use_kl=True and rl.kl_beta > 0."
             )
+        if rl.pairing and tracker is None:
+            raise ValueError("rl.pairing draws pairs from a PromptTracker (tracker=...).")
         if rl.anchor != "none" and tracker is None:
             raise ValueError("rl.anchor needs a PromptTracker with base counts (tracker=...).")
         self.state = {
@@ -352,6 +477,34 @@ class RLTrainer:
         self.data_position = pos
         return np.asarray(out, np.int64)
 
+    def _choose_prompts(self) -> tuple[np.ndarray, bool]:
+        """The round's P prompt indices and whether they are (q⁺, q⁻) pairs.
+
+        With ``rl.pairing``: P/2 pairs from ``pairs_from_tracker`` laid out
+        [q⁺₀, q⁻₀, q⁺₁, q⁻₁, …] (the data position does not move); when either pool is
+        empty, the next P prompts of the data order. The draw is seeded by (rl.seed,
+        tracker step, data position), all checkpointed, so a resumed run draws the same.
+        """
+        rl = self.rl
+        if rl.pairing:
+            from jaxrl_vr.selection.pairing import pairs_from_tracker
+
+            rng = np.random.default_rng([rl.seed, self.tracker.step + 1, self.data_position, 13])
+            pairs = pairs_from_tracker(
+                self.tracker,
+                rng,
+                rl.prompts_per_step // 2,
+                group_size=rl.samples_per_prompt,
+                neg_c=rl.pairing_neg_c,
+                pos_max=rl.pairing_pos_max,
+                pos_min=rl.pairing_pos_min,
+                min_count=rl.pairing_min_count,
+                strategy=rl.pairing_strategy,
+            )
+            if pairs.shape[0]:
+                return pairs.reshape(-1).astype(np.int64), True
+        return self._next_prompt_indices(), False
+
     def _next_key(self):
         key = jax.random.wrap_key_data(self.state["key"])
         key, sub = jax.random.split(key)
@@ -360,18 +513,35 @@ class RLTrainer:
 
     # ---- one step --------------------------------------------------------------------------
 
-    def _sample_round(self) -> tuple[np.ndarray, dict, dict]:
+    def _sample_round(
+        self, idx: np.ndarray | None = None, num_samples: int | None = None, track: bool = True
+    ) -> tuple[np.ndarray, dict, dict]:
         """Sample and score one round of P prompts × G responses (host numpy arrays).
+
+        Args:
+          idx: prompt indices to sample (default: the next P of the data order).
+          num_samples: responses per prompt (default rl.samples_per_prompt).
+          track: record the scores in the tracker (if any).
 
         Returns (prompt indices [P], per-response arrays [P·G, ...], round stats).
         """
         from jaxrl_vr.sampling import generate
 
         rl, tok = self.rl, self.tokenizer
-        idx = self._next_prompt_indices()
+        paired = False
+        if idx is None:
+            idx, paired = self._choose_prompts()
+        idx = np.asarray(idx, np.int64)
+        num_g = rl.samples_per_prompt if num_samples is None else int(num_samples)
         batch_items = [self.items[i] for i in idx]
+        # A partial round (e.g. a two-stage continuation) is padded to a power-of-two prompt
+        # count by repeating its last prompt, so the sampler compiles for O(log P) shapes;
+        # the padding rows are dropped before scoring and never reach the budget.
+        num_real = len(idx)
+        num_rows = min(max(rl.prompts_per_step, num_real), 1 << max(num_real - 1, 0).bit_length())
+        padded_items = batch_items + batch_items[-1:] * (num_rows - num_real)
         prompt_tokens_ps, prompt_mask_ps = encode_prompts(
-            tok, [it.prompt for it in batch_items], self.prompt_width, chat=self.chat
+            tok, [it.prompt for it in padded_items], self.prompt_width, chat=self.chat
         )
         t0 = time.perf_counter()
         rollout = generate(
@@ -379,7 +549,7 @@ class RLTrainer:
             self.model(),
             prompt_tokens_ps,
             prompt_mask_ps,
-            num_samples=rl.samples_per_prompt,
+            num_samples=num_g,
             max_new_tokens=rl.max_new_tokens,
             temperature=rl.temperature,
             top_p=rl.top_p,
@@ -387,10 +557,12 @@ class RLTrainer:
             stop_token_ids=(tok.eos_id,),
             pad_id=tok.pad_id or 0,
         )
-        arrays = {name: np.asarray(value) for name, value in rollout._asdict().items()}
+        arrays = {
+            name: np.asarray(value)[: num_real * num_g] for name, value in rollout._asdict().items()
+        }
         t1 = time.perf_counter()
         completions = decode_responses(tok, arrays["tokens_bt"], arrays["mask_bt"])
-        items_b = [it for it in batch_items for _ in range(rl.samples_per_prompt)]
+        items_b = [it for it in batch_items for _ in range(num_g)]
         if self._scorer is None:
             self._scorer, self._close_scorer = make_scorer(
                 rl.verifier_workers, rl.verifier_timeout_s
@@ -405,8 +577,8 @@ class RLTrainer:
             )
         arrays["scores_b"] = scores_b
         arrays["rewards_b"] = rewards_b.astype(np.float32)
-        if self.tracker is not None:  # every sample of the current policy, kept or not
-            self.tracker.update(idx, scores_b.reshape(len(idx), rl.samples_per_prompt))
+        if track and self.tracker is not None:  # every sample of the current policy, kept or not
+            self.tracker.update(idx, scores_b.reshape(len(idx), num_g))
         statuses = list(result.statuses)
         stats = {
             "generated_tokens": float(arrays["length_b"].sum()),
@@ -416,6 +588,8 @@ class RLTrainer:
             "time_sample_s": t1 - t0,
             "time_verify_s": t2 - t1,
         }
+        if rl.pairing:
+            stats["pairing/paired_rounds"] = float(paired)
         return idx, arrays, stats
 
     def _sample_batch(self) -> tuple[np.ndarray, dict, np.ndarray, dict]:
@@ -428,6 +602,8 @@ class RLTrainer:
         """
         rl = self.rl
         num_p, num_g = rl.prompts_per_step, rl.samples_per_prompt
+        if rl.two_stage:
+            return self._sample_two_stage()
         if not rl.dynamic_sampling:
             idx, arrays, stats = self._sample_round()
             return idx, arrays, np.ones((num_p, num_g), bool), stats
@@ -458,6 +634,45 @@ class RLTrainer:
         totals.update({k: float(v) for k, v in result.stats.items()})
         totals["dynamic/rounds"] = float(batcher.rounds)
         return np.asarray(result.prompt_idx_p), arrays, np.asarray(result.valid_pg, bool), totals
+
+    def _sample_two_stage(self) -> tuple[np.ndarray, dict, np.ndarray, dict]:
+        """Two-stage sampling (MAI-Thinking-1; SPEC §4) of one rollout batch.
+
+        Probe the next P prompts with G_probe = ``rl.two_stage_probe`` samples; prompts whose
+        probe pass rate (mean verifier score) lies in [``two_stage_lo``, ``two_stage_hi``]
+        get G_full − G_probe more (one generation call over the continued prompts only).
+        The batch is [P, G_full] in shape; stopped prompts keep their G_probe samples and
+        the rest of their row is invalid padding, so the train step never recompiles.
+        Generated tokens of both stages count toward the budget; the tracker sees every
+        valid sample once.
+        """
+        from jaxrl_vr.selection.two_stage import probe_continue
+
+        rl = self.rl
+        num_p, g_full, g_probe = rl.prompts_per_step, rl.samples_per_prompt, rl.two_stage_probe
+        idx, probe, totals = self._sample_round(num_samples=g_probe, track=False)
+        continue_p = np.asarray(
+            probe_continue(
+                probe["scores_b"].reshape(num_p, g_probe), lo=rl.two_stage_lo, hi=rl.two_stage_hi
+            ),
+            bool,
+        )
+        extra = None
+        if continue_p.any() and g_full > g_probe:
+            _, extra, stats = self._sample_round(
+                idx[continue_p], num_samples=g_full - g_probe, track=False
+            )
+            for name, value in stats.items():
+                totals[name] = totals.get(name, 0.0) + value
+        arrays, valid_pg = join_two_stage(probe, extra, continue_p, g_probe=g_probe, g_full=g_full)
+        if self.tracker is not None:
+            self.tracker.update(idx, arrays["scores_b"].reshape(num_p, g_full), valid_pg)
+        totals["two_stage/continued_frac"] = float(continue_p.mean())
+        continued = 0 if extra is None else int(continue_p.sum())
+        totals["two_stage/generated_samples"] = float(
+            num_p * g_probe + continued * (g_full - g_probe)
+        )
+        return idx, arrays, valid_pg, totals
 
     def collect(self) -> tuple[step_lib.RolloutBatch, dict]:
         """Sample, verify, score and compute advantages and log-probs for one rollout batch."""
@@ -527,15 +742,19 @@ class RLTrainer:
         gap_bt = np.asarray(arrays["logp_bt"]) - behaviour_np
         success_pg = (scores_b >= 0.5).reshape(num_p, num_g)
         group_ok = valid_pg.any(axis=1)
-        valid_group = (np.ptp(rewards_pg, axis=1) > 0) & group_ok
+        # Ragged groups (two-stage, dynamic padding): statistics over valid samples only.
+        spread_p = np.where(valid_pg, rewards_pg, -np.inf).max(1) - np.where(
+            valid_pg, rewards_pg, np.inf
+        ).min(1)
+        valid_group = group_ok & (np.where(group_ok, spread_p, 0.0) > 0)
         length_b = np.asarray(arrays["length_b"])[valid_b]
         info = {
             "reward": float(rewards_b[valid_b].mean()) if valid_b.any() else 0.0,
             "score": float(scores_b[valid_b].mean()) if valid_b.any() else 0.0,
             "pass_rate": float(success_pg[valid_pg].mean()) if valid_b.any() else 0.0,
             "valid_group_frac": float(valid_group.mean()),
-            "all_correct_frac": float((success_pg.all(axis=1) & group_ok).mean()),
-            "all_wrong_frac": float(((~success_pg).all(axis=1) & group_ok).mean()),
+            "all_correct_frac": float(((success_pg | ~valid_pg).all(axis=1) & group_ok).mean()),
+            "all_wrong_frac": float(((~success_pg | ~valid_pg).all(axis=1) & group_ok).mean()),
             "response_length": float(length_b.mean()) if length_b.size else 0.0,
             "truncation_rate": float(np.asarray(arrays["truncated_b"])[valid_b].mean())
             if valid_b.any()
