@@ -3,7 +3,6 @@
 from jaxrl_vr.eval.budget import compare_at_equal_budget, metric_at_budget, metric_vs_tokens
 from jaxrl_vr.eval.passk_eval import headline_ks, mean_passk_curve, passk_report
 from jaxrl_vr.eval.plots import (
-    plot_curves,
     plot_passk,
     plot_passk_curves,
     plot_regimes,
@@ -20,7 +19,6 @@ __all__ = [
     "metric_at_budget",
     "metric_vs_tokens",
     "passk_report",
-    "plot_curves",
     "plot_passk",
     "plot_passk_curves",
     "plot_regimes",

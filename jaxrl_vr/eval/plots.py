@@ -22,7 +22,6 @@ __all__ = [
     "plot_passk_curves",
     "plot_regimes",
     "plot_training_curves",
-    "plot_curves",
 ]
 
 
@@ -184,8 +183,3 @@ def plot_training_curves(
         ax.grid(True, alpha=0.3)
     return _save(fig, path)
 
-
-def plot_curves(metrics_jsonl: str | os.PathLike, png: str | os.PathLike, keys: Sequence[str] | None = None,
-                **kwargs: Any) -> pathlib.Path:
-    """Alias of ``plot_training_curves`` (INTERFACES name)."""
-    return plot_training_curves(metrics_jsonl, png, keys, **kwargs)

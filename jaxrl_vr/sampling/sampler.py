@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrl_vr import ratios
 from jaxrl_vr.models.decoder import Decoder, default_positions
 
 DEFAULT_BUCKET = 16
@@ -146,7 +147,7 @@ def _generate_core(graphdef, state, key, tokens_ps, mask_ps, max_new_tokens, tem
         step_key = jax.random.fold_in(key, c.step)
         token_b = sample_token(step_key, c.logits_bv, temperature=temperature, top_k=top_k, top_p=top_p,
                                greedy=greedy, use_filter=use_filter)
-        logp_b = jnp.take_along_axis(jax.nn.log_softmax(c.logits_bv, axis=-1), token_b[:, None], axis=-1)[:, 0]
+        logp_b = ratios.token_logprobs(c.logits_bv[:, None, :], token_b[:, None])[:, 0]
         live_b = ~c.done_b
         token_b = jnp.where(live_b, token_b, pad_id)
         tokens_bt = c.tokens_bt.at[:, c.step].set(token_b)

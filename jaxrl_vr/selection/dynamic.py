@@ -4,7 +4,7 @@ A group whose valid rewards are all equal has zero group-relative advantage and 
 no gradient; DAPO drops such groups and keeps generating until the batch holds
 ``batch_size`` informative groups, under a budget of generation rounds.
 
-* ``informative_groups`` (alias ``dynamic_filter``): jittable keep mask.
+* ``informative_groups``: jittable keep mask.
 * ``DynamicBatcher``: host helper that accumulates kept groups over rounds and records
   the filtered fraction.
 * ``RecheckSchedule``: filtered prompts are suspended, then re-admitted after a delay,
@@ -23,7 +23,6 @@ import numpy as np
 
 __all__ = [
     "informative_groups",
-    "dynamic_filter",
     "prob_uninformative",
     "prob_all_wrong",
     "DynamicBatch",
@@ -66,8 +65,6 @@ def informative_groups(
     spread_p = jnp.where(enough_p, hi_p - lo_p, 0.0)
     return enough_p & (spread_p > atol)
 
-
-dynamic_filter = informative_groups
 
 
 def _informative_np(rewards_pg, valid_pg, *, atol, min_valid) -> np.ndarray:

@@ -504,7 +504,7 @@ def run_pipeline(
         )
     )
     plots["curves"] = str(
-        eval_lib.plot_curves(
+        eval_lib.plot_training_curves(
             metrics_path, os.path.join(workdir, "reward_curve.png"), keys=CURVE_KEYS
         )
     )

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_vr import advantages as adv_lib
+from jaxrl_vr import rewards as rewards_lib
 
 ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "loo", "maxrl", "curverl", "reinforce")
 
@@ -74,8 +75,7 @@ def compute_advantages(estimator: str, rewards_pg, valid_pg, curverl_state, *, s
 
 
 def overlong_penalty(length_b: np.ndarray, *, max_len: int, cache_len: int) -> np.ndarray:
-    from jaxrl_vr import rewards as rewards_lib  # verifiers role; imported only when used
-
+    """DAPO overlong penalty (``jaxrl_vr.rewards.overlong_penalty``) as host float32."""
     return np.asarray(
         rewards_lib.overlong_penalty(jnp.asarray(length_b), max_len=max_len, cache_len=cache_len),
         np.float32,

@@ -212,9 +212,6 @@ def response_logprobs(
     )
 
 
-_safe_div = losses.finalize
-
-
 def _upper_eps(cfg: LossConfig, hyper: StepHyper, controller):
     """ε_high in force: the configured one, or the entropy-feedback controller's."""
     if cfg.entropy != "feedback":
@@ -331,11 +328,11 @@ def make_loss_fn(graphdef, cfg: LossConfig):
             model, mb, hyper, controller, cfg
         )
         policy_den, kl_den = dens
-        objective = _safe_div(policy_num, policy_den)
+        objective = losses.finalize(policy_num, policy_den)
         if cfg.use_kl:
-            objective = objective + hyper.kl_beta * _safe_div(kl_num, kl_den)
+            objective = objective + hyper.kl_beta * losses.finalize(kl_num, kl_den)
         if cfg.entropy == "bonus":
-            objective = objective - hyper.entropy_coef * _safe_div(ent_num, policy_den)
+            objective = objective - hyper.entropy_coef * losses.finalize(ent_num, policy_den)
         sums = dict(sums, policy_num=policy_num, kl_num=kl_num, ent_num=ent_num)
         return objective, sums
 
@@ -433,7 +430,7 @@ def make_train_step(
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         tokens = sums["tokens"]
-        entropy_mean = _safe_div(sums["entropy"], tokens)
+        entropy_mean = losses.finalize(sums["entropy"], tokens)
         controller = state.controller
         if cfg.entropy == "feedback":
             controller = entropy_lib.entropy_controller_update(
@@ -450,16 +447,16 @@ def make_train_step(
         new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
         metrics = {
             "loss": loss,
-            "policy_loss": _safe_div(sums["policy_num"], policy_den),
-            "kl": _safe_div(sums["kl_num"], kl_den),
-            "kl_token_mean": _safe_div(sums["kl_token"], tokens),
+            "policy_loss": losses.finalize(sums["policy_num"], policy_den),
+            "kl": losses.finalize(sums["kl_num"], kl_den),
+            "kl_token_mean": losses.finalize(sums["kl_token"], tokens),
             "entropy": entropy_mean,
             "grad_norm": grad_norm,
-            "clip_frac_low": _safe_div(sums["clip_low"], tokens),
-            "clip_frac_high": _safe_div(sums["clip_high"], tokens),
-            "clip_frac_dual": _safe_div(sums["clip_dual"], tokens),
-            "clip_frac_outer": _safe_div(sums["clip_outer"], tokens),
-            "ratio_mean": _safe_div(sums["ratio"], tokens),
+            "clip_frac_low": losses.finalize(sums["clip_low"], tokens),
+            "clip_frac_high": losses.finalize(sums["clip_high"], tokens),
+            "clip_frac_dual": losses.finalize(sums["clip_dual"], tokens),
+            "clip_frac_outer": losses.finalize(sums["clip_outer"], tokens),
+            "ratio_mean": losses.finalize(sums["ratio"], tokens),
             "ratio_max": sums["ratio_max"],
             "trained_tokens": tokens,
             "learning_rate": jnp.asarray(opt_state.hyperparams["learning_rate"], jnp.float32)

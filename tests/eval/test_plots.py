@@ -6,7 +6,6 @@ import pytest
 
 from jaxrl_vr.eval import (
     passk_report,
-    plot_curves,
     plot_passk,
     plot_regimes,
     plot_training_curves,
@@ -57,6 +56,6 @@ def test_plot_training_curves(tmp_path):
     _write_metrics(path)
     # "reward" resolves to "train/reward"; unknown keys are skipped.
     assert _is_png(plot_training_curves(path, tmp_path / "curves.png", keys=("reward", "pass_rate", "kl")))
-    assert _is_png(plot_curves(path, tmp_path / "all.png"))
+    assert _is_png(plot_training_curves(path, tmp_path / "all.png"))  # default keys
     with pytest.raises(ValueError, match="available"):
         plot_training_curves(path, tmp_path / "none.png", keys=("kl",))
