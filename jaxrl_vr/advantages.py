@@ -133,22 +133,56 @@ def loo(rewards_pg: Array, valid_pg: Array | None = None) -> jnp.ndarray:
     return jnp.where(stats.count_p[:, None] >= 2.0, factor_p[:, None] * stats.centred_pg, 0.0)
 
 
-def maxrl(rewards_pg: Array, valid_pg: Array | None = None, *, eps: float = 1e-6) -> jnp.ndarray:
-    """MaxRL advantage A_i = (R_i − R̄)/(R̄ + eps) (Tajwar et al., arXiv 2602.02710).
+def maxrl(
+    rewards_pg: Array,
+    valid_pg: Array | None = None,
+    *,
+    success_pg: Array | None = None,
+    eps: float = 1e-6,
+) -> jnp.ndarray:
+    """MaxRL advantage (Tajwar et al., arXiv 2602.02710), safe under reward shaping.
 
-    Equals the prompt weight w(p̂) = 1/p̂ (``weighting.maxrl_weight``) times R_i − R̄.
-    Meant for rewards in [0, 1] (R̄ ≥ 0).
+    Without ``success_pg`` (rewards are the success values, in [0, 1]):
+
+      A_i = (R_i − R̄)/(R̄ + eps)   if R̄ > 0,   else 0.
+
+    This is the prompt weight w(p̂) = 1/p̂ (``weighting.maxrl_weight``) times R_i − R̄. A
+    group whose mean reward is ≤ 0 (possible only with shaped or negative rewards) gets
+    0: dividing by R̄ ≈ 0 there would give arbitrarily large advantages (e.g. ±5·10⁵ for
+    [−0.5, 0.5, 0, 0]) and dividing by R̄ < 0 would flip their sign.
+
+    With ``success_pg`` s (verifier outcomes in [0, 1]; the reward is s plus shaping
+    terms such as an overlong or hack penalty), the two parts are kept apart:
+
+      A_i = (s_i − s̄)/(s̄ + eps)  +  (h_i − h̄),     h = R − s  (the shaping part),
+
+    i.e. MaxRL's 1/p̂ weight on the success part (0 for a group with no success, s̄ = 0)
+    and a plain baseline-subtracted advantage on the shaping part, both centred over the
+    group's valid samples. Rewards [−1, 0, 0, 0] with successes [0, 0, 0, 0] give
+    [−0.75, 0.25, 0.25, 0.25]; nothing is ever divided by a shaped mean.
 
     Args:
-      rewards_pg: float [P, G] rewards.
+      rewards_pg: float [P, G] rewards (shaped, when ``success_pg`` is given).
       valid_pg: optional bool [P, G].
-      eps: added to R̄.
+      success_pg: optional float [P, G] verifier outcomes in [0, 1] (clipped to it).
+      eps: added to the mean success (or mean reward) in the denominator.
 
     Returns:
-      float32 [P, G].
+      float32 [P, G]; 0 where invalid and for constant / K ≤ 1 groups.
     """
-    stats = group_stats(*_prepare(rewards_pg, valid_pg, "maxrl"))
-    return _safe_divide(stats.centred_pg, stats.mean_p[:, None] + eps)
+    rewards_pg, valid_pg = _prepare(rewards_pg, valid_pg, "maxrl")
+    if success_pg is None:
+        stats = group_stats(rewards_pg, valid_pg)
+        positive_p = stats.mean_p > 0.0
+        denominator_p = jnp.where(positive_p, stats.mean_p + eps, 0.0)
+        return _safe_divide(stats.centred_pg, denominator_p[:, None])
+    chex.assert_equal_shape([rewards_pg, success_pg])
+    success_pg = jnp.clip(jnp.asarray(success_pg, jnp.float32), 0.0, 1.0)
+    success = group_stats(success_pg, valid_pg)
+    success_denominator_p = jnp.where(success.mean_p > 0.0, success.mean_p + eps, 0.0)
+    success_adv_pg = _safe_divide(success.centred_pg, success_denominator_p[:, None])
+    shaping_adv_pg = group_stats(rewards_pg - success_pg, valid_pg).centred_pg
+    return success_adv_pg + shaping_adv_pg
 
 
 def prompt_weighted(
@@ -333,41 +367,46 @@ def pair_weighted(
     rewards_2g: Array,
     *,
     neg_weight,
-    scope: str = "pair",
+    scope: str = "group",
     valid_2g: Array | None = None,
     success_threshold: float = 0.5,
     eps: float = 1e-6,
 ) -> jnp.ndarray:
     """Weighted GRPO advantage for a positive/negative prompt pair (arXiv 2602.03452).
 
-    Row 0 is the q⁺ group (hard but solvable), row 1 the q⁻ group (easy but brittle).
-    Outcomes map to y = +1 (success, R ≥ success_threshold) or y = −λ (failure), with λ
-    = ``neg_weight`` (a scalar, or one value per row [λ⁺, λ⁻]), then:
+    Row 0 is the q⁺ group (hard but solvable), row 1 the q⁻ group (easy but brittle). A
+    sample succeeds when R ≥ ``success_threshold``; s ∈ {0, 1} is its success bit.
 
-      scope="pair":  A = (y − ȳ)/(σ + eps), ȳ and σ (unbiased) pooled over both groups
-      scope="group": the same z-score within each group
-      scope="mean":  A = y − ȳ, pooled mean over both groups (no division)
+      scope="group" (default, the paper's "group-normalized advantages"): z-score the
+          success bits within each group with the unbiased (K − 1) std, then apply the
+          pair-level row weights:  A = w_row · (s − s̄)/(σ + eps),  w = [1, λ] for a
+          scalar λ, or w = [λ⁺, λ⁻] for a per-row λ. A lone success among 8 on q⁺ gets
+          (7/8)/√(1/8) ≈ +2.47 (a sharp positive signal), a lone failure among 8 on q⁻
+          gets λ·(−2.47) (a strong penalty); λ scales the q⁻ group's update.
+      scope="pair": outcomes y = +1 (success) / −λ_row (failure), z-scored over both
+          groups pooled: A = (y − ȳ)/(σ + eps).
+      scope="mean": the same outcomes y, pooled mean only: A = y − ȳ.
 
-    Caution: with one scalar λ, y = (1+λ)·success − λ is an increasing affine map of the
-    success bit, so any z-score ("group" *and* "pair") cancels λ exactly and "mean" only
-    scales A by (1+λ). λ changes the direction of the update only through per-row
-    values (λ⁺ ≠ λ⁻) with scope "pair" or "mean".
+    Caution for the pooled scopes: with one scalar λ, y = (1+λ)·s − λ is an increasing
+    affine map of the success bit, so pooled z-scoring ("pair") cancels λ exactly, and
+    "mean" only scales A by (1+λ). There, λ changes the direction of the update only
+    through per-row values (λ⁺ ≠ λ⁻). That is why "group" with row weights is the default.
 
     Args:
       rewards_2g: float [2, G], or a batch of pairs [N, 2, G].
       neg_weight: λ ≥ 0: Python float, scalar array, or [2] array (per row). Arrays are
         traced, so changing them does not recompile.
-      scope: "pair", "group" or "mean" (static).
+      scope: "group", "pair" or "mean" (static).
       valid_2g: optional bool mask of rewards_2g's shape.
       success_threshold: a reward ≥ this counts as a success.
       eps: added to σ.
 
     Returns:
-      float32 advantages of rewards_2g's shape; zero where invalid and for pools whose
-      outcomes are all equal.
+      float32 advantages of rewards_2g's shape; zero where invalid and for groups
+      ("group") or pools ("pair", "mean") whose outcomes are all equal.
     """
     if scope not in ("pair", "group", "mean"):
-        raise ValueError(f"pair_weighted: scope must be 'pair', 'group' or 'mean', got {scope!r}.")
+        raise ValueError(f"pair_weighted: scope must be 'group', 'pair' or 'mean', got {scope!r}.")
     if not isinstance(neg_weight, jax.Array) and np.any(np.asarray(neg_weight) < 0):
         raise ValueError(f"pair_weighted: neg_weight must be >= 0, got {neg_weight}.")
     rewards = jnp.asarray(rewards_2g, jnp.float32)
@@ -386,13 +425,21 @@ def pair_weighted(
         raise ValueError(
             f"pair_weighted: neg_weight must be a scalar or shape [2] (q+ row, q- row), "
             f"got shape {neg.shape}.")
+    success = (rewards >= success_threshold).astype(jnp.float32)
+
+    if scope == "group":
+        # Scalar λ weights only the q⁻ row; a [2] λ weights each row.
+        row_weight = jnp.stack([jnp.float32(1.0), neg]) if neg.ndim == 0 else neg
+        row_weight = row_weight[:, None] if rewards.ndim == 2 else row_weight[None, :, None]
+        stats = group_stats(success.reshape(-1, group), valid.reshape(-1, group))
+        adv = _safe_divide(stats.centred_pg, stats.std_p[:, None] + eps).reshape(shape)
+        return row_weight * adv
+
     neg_row = jnp.broadcast_to(neg, (2,))[:, None]  # [2, 1]: λ per row
     if rewards.ndim == 3:
         neg_row = neg_row[None]
-    outcome = jnp.where(rewards >= success_threshold, jnp.float32(1.0), -neg_row)
-
-    pool_size = group if scope == "group" else 2 * group  # samples per normalisation pool
-    stats = group_stats(outcome.reshape(-1, pool_size), valid.reshape(-1, pool_size))
+    outcome = jnp.where(success > 0.0, jnp.float32(1.0), -neg_row)
+    stats = group_stats(outcome.reshape(-1, 2 * group), valid.reshape(-1, 2 * group))
     if scope == "mean":
         adv = stats.centred_pg
     else:

@@ -43,7 +43,9 @@ def ref_loo(rewards, valid):
 
 
 def ref_maxrl(rewards, valid, eps=1e-6):
-    return _ref_group(rewards, valid, lambda v: (v - v.mean()) / (v.mean() + eps))
+    # MaxRL on success-valued rewards; a group with mean <= 0 gets 0 (never a huge value).
+    return _ref_group(rewards, valid, lambda v: (v - v.mean()) / (v.mean() + eps)
+                      if v.mean() > 0 else np.zeros_like(v))
 
 
 ADV_FNS = {
@@ -371,6 +373,44 @@ def test_curverl_weights_are_prompt_weighted():
 
 class PairWeightedTest(parameterized.TestCase):
     pair = jnp.array([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
+    # G = 8: a lone success on q+ and a lone failure on q-.
+    lone = jnp.array([[1.0] + [0.0] * 7, [1.0] * 7 + [0.0]])
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_default_group_scope_lone_success_before_weighting(self):
+        adv = self.variant(functools.partial(advantages.pair_weighted, eps=0.0))(
+            self.lone, neg_weight=1.0)
+        # q+ row: s = [1, 0 x7], s̄ = 1/8; centred 7/8 and -1/8;
+        #   unbiased var = (49/64 + 7/64)/7 = 1/8, std = 0.35355339
+        #   -> 0.875/0.35355339 = 2.4748737, -0.125/0.35355339 = -0.35355339.
+        # q- row mirrors it: the lone failure gets -2.4748737 (λ = 1 here).
+        hi, lo = 0.875 / np.sqrt(1 / 8), 0.125 / np.sqrt(1 / 8)
+        np.testing.assert_allclose(hi, 2.4748737, rtol=1e-7)
+        np.testing.assert_allclose(adv, [[hi] + [-lo] * 7, [lo] * 7 + [-hi]], rtol=1e-6)
+        self.assertEqual(adv.dtype, jnp.float32)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_group_scope_neg_weight_scales_the_negative_row(self):
+        fn = self.variant(functools.partial(advantages.pair_weighted, eps=0.0))
+        base = np.asarray(fn(self.lone, neg_weight=1.0))
+        for lam in (0.0, 0.5, 3.0):
+            adv = np.asarray(fn(self.lone, neg_weight=jnp.float32(lam)))
+            np.testing.assert_allclose(adv[0], base[0], rtol=1e-6)  # q+ row weight 1
+            np.testing.assert_allclose(adv[1], lam * base[1], rtol=1e-6, atol=1e-7)
+        # The lone failure on q- under λ = 3: 3 · (-2.4748737) = -7.4246212.
+        np.testing.assert_allclose(fn(self.lone, neg_weight=3.0)[1, 7], -7.4246212, rtol=1e-6)
+        # Per-row weights [λ+, λ-] = [2, 0.5].
+        adv = fn(self.lone, neg_weight=jnp.array([2.0, 0.5]))
+        np.testing.assert_allclose(adv, base * np.array([[2.0], [0.5]]), rtol=1e-6)
+
+    def test_group_scope_equals_grpo_on_success_times_row_weight(self):
+        rng = np.random.default_rng(4)
+        rewards = rng.random((3, 2, 6)).astype(np.float32)  # non-binary: thresholded at 0.5
+        valid = rng.random((3, 2, 6)) < 0.8
+        got = advantages.pair_weighted(rewards, neg_weight=0.25, valid_2g=valid)
+        success = (rewards >= 0.5).astype(np.float32).reshape(6, 6)
+        want = np.asarray(advantages.grpo(success, valid.reshape(6, 6))).reshape(3, 2, 6)
+        np.testing.assert_allclose(got, want * np.array([1.0, 0.25])[None, :, None], rtol=1e-6)
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_pair_scope(self):
@@ -390,25 +430,17 @@ class PairWeightedTest(parameterized.TestCase):
         np.testing.assert_allclose(adv, [[1.5, -1.5, -1.5, -1.5], [1.5, 1.5, 1.5, -1.5]])
 
     @chex.variants(with_jit=True, without_jit=True)
-    def test_group_scope_cancels_neg_weight(self):
-        fn = self.variant(functools.partial(advantages.pair_weighted, scope="group"))
-        # Row 0: y = [1, -2, -2, -2], mean -1.25, unbiased std 1.5 -> [1.5, -.5, -.5, -.5]
-        # (+eps) = grpo on the raw rewards, for any neg_weight.
-        for lam in (0.0, 2.0, 5.0):
-            np.testing.assert_allclose(
-                fn(self.pair, neg_weight=lam), advantages.grpo(self.pair), rtol=1e-5)
-
-    @chex.variants(with_jit=True, without_jit=True)
-    def test_per_row_neg_weight(self):
+    def test_per_row_neg_weight_mean_scope(self):
         fn = functools.partial(advantages.pair_weighted, scope="mean")
         adv = self.variant(fn)(self.pair, neg_weight=jnp.array([0.0, 4.0]))
         # y = [[1, 0, 0, 0], [1, 1, 1, -4]]: mean = (4 - 4)/8 = 0 -> A = y.
         np.testing.assert_allclose(adv, [[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, -4.0]])
 
     def test_scalar_neg_weight_cancels_in_pair_scope(self):
-        # A scalar λ is an affine map of the success bit: pooled z-scores ignore it.
-        a = advantages.pair_weighted(self.pair, neg_weight=0.5)
-        b = advantages.pair_weighted(self.pair, neg_weight=3.0)
+        # A scalar λ on the outcomes is an affine map of the success bit: pooled z-scores
+        # ignore it (documented), which is why "pair" is not the default.
+        a = advantages.pair_weighted(self.pair, neg_weight=0.5, scope="pair")
+        b = advantages.pair_weighted(self.pair, neg_weight=3.0, scope="pair")
         np.testing.assert_allclose(a, b, rtol=1e-5)
 
     def test_batch_of_pairs_and_validity(self):
@@ -423,6 +455,13 @@ class PairWeightedTest(parameterized.TestCase):
                 np.testing.assert_allclose(got[n], one, rtol=1e-6)
             assert np.all(np.asarray(got)[~valid] == 0)
             assert np.all(np.isfinite(got))
+
+    def test_traced_neg_weight_does_not_recompile(self):
+        fn = jax.jit(advantages.pair_weighted)
+        a = fn(self.lone, neg_weight=jnp.float32(1.0))
+        b = fn(self.lone, neg_weight=jnp.float32(2.0))
+        self.assertEqual(fn._cache_size(), 1)  # pylint: disable=protected-access
+        np.testing.assert_allclose(b[1], 2.0 * np.asarray(a[1]), rtol=1e-6)
 
     def test_degenerate_pairs_give_zeros(self):
         for scope in ("pair", "group", "mean"):
@@ -440,6 +479,76 @@ class PairWeightedTest(parameterized.TestCase):
             advantages.pair_weighted(self.pair, neg_weight=-1.0)
         with pytest.raises(ValueError, match="neg_weight"):
             advantages.pair_weighted(self.pair, neg_weight=jnp.ones(3))
+
+
+# ------------------------------------------------------------------ MaxRL with shaping
+
+
+class MaxRLShapingTest(parameterized.TestCase):
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_no_success_penalty_only(self):
+        rewards = jnp.array([[-1.0, 0.0, 0.0, 0.0]])
+        success = jnp.zeros((1, 4))
+        adv = self.variant(advantages.maxrl)(rewards, success_pg=success)
+        # Success part: s̄ = 0 -> 0. Shaping h = [-1, 0, 0, 0], h̄ = -.25 -> [-.75, .25, .25, .25].
+        np.testing.assert_allclose(adv, [[-0.75, 0.25, 0.25, 0.25]], rtol=1e-6)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_success_and_penalty_add(self):
+        # Successes [1, 1, 0, 0]; sample 1 also pays an overlong penalty of 0.5.
+        success = jnp.array([[1.0, 1.0, 0.0, 0.0]])
+        rewards = jnp.array([[1.0, 0.5, 0.0, 0.0]])
+        adv = self.variant(functools.partial(advantages.maxrl, eps=0.0))(
+            rewards, success_pg=success)
+        # Success part: s̄ = .5 -> (s - .5)/.5 = [1, 1, -1, -1].
+        # Shaping h = [0, -.5, 0, 0], h̄ = -.125 -> [.125, -.375, .125, .125].
+        np.testing.assert_allclose(adv, [[1.125, 0.625, -0.875, -0.875]], rtol=1e-6)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_without_success_nonpositive_mean_gives_zero(self):
+        # Old formula: [-1, 0, 0, 0] gave the penalised response +3 and [-.5, .5, 0, 0]
+        # gave ±5e5 (division by R̄ + eps with R̄ = 0).
+        rewards = jnp.array([[-1.0, 0.0, 0.0, 0.0], [-0.5, 0.5, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+        adv = self.variant(functools.partial(advantages.maxrl, eps=0.0))(rewards)
+        # Row 2 keeps MaxRL: R̄ = .25 -> [3, -1, -1, -1].
+        np.testing.assert_allclose(
+            adv, [[0.0] * 4, [0.0] * 4, [3.0, -1.0, -1.0, -1.0]], rtol=1e-6)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_ragged_with_success(self):
+        success = jnp.array([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 1.0, 1.0]])
+        rewards = jnp.array([[1.0, -1.0, 0.0, 7.0], [0.0, -0.5, 1.0, 9.0]])
+        valid = jnp.array([[True, True, True, False], [True, True, True, False]])
+        adv = self.variant(functools.partial(advantages.maxrl, eps=0.0))(
+            rewards, valid, success_pg=success)
+        # Row 0 (valid 3): s = [1, 0, 0], s̄ = 1/3 -> [2, -1, -1]; h = [0, -1, 0], h̄ = -1/3
+        #   -> [1/3, -2/3, 1/3]; sum [7/3, -5/3, -2/3].
+        # Row 1: s = [0, 0, 1] -> [-1, -1, 2]; h = [0, -.5, 0], h̄ = -1/6 -> [1/6, -1/3, 1/6];
+        #   sum [-5/6, -4/3, 13/6].
+        np.testing.assert_allclose(
+            adv, [[7 / 3, -5 / 3, -2 / 3, 0.0], [-5 / 6, -4 / 3, 13 / 6, 0.0]], rtol=1e-6)
+
+    def test_success_equal_to_rewards_matches_plain_maxrl(self):
+        rng = np.random.default_rng(7)
+        rewards, valid = _random_batch(rng, 8, 6, binary=True)
+        np.testing.assert_allclose(
+            jax.jit(advantages.maxrl)(rewards, valid, success_pg=rewards),
+            advantages.maxrl(rewards, valid), rtol=1e-6, atol=1e-7)
+
+    @hypothesis.given(st.integers(0, 2**31 - 1))
+    @SETTINGS
+    def test_shaped_advantages_stay_bounded(self, seed):
+        # Successes in {0, 1}, penalties in [-1, 0]: |A| <= G (1/p̂ <= G) + 1.
+        rng = np.random.default_rng(seed)
+        success = (rng.random((4, 8)) < rng.random((4, 1))).astype(np.float32)
+        rewards = success - rng.random((4, 8)).astype(np.float32) * (rng.random((4, 8)) < 0.3)
+        valid = rng.random((4, 8)) < 0.9
+        adv = np.asarray(advantages.maxrl(rewards, valid, success_pg=success))
+        assert np.all(np.isfinite(adv)) and np.all(np.abs(adv) <= 9.0)
+        assert np.all(adv[~valid] == 0)
+        unshaped = np.asarray(advantages.maxrl(rewards, valid))
+        assert np.all(np.isfinite(unshaped))
 
 
 def test_curverl_success_pg_keeps_a_reward_penalty():
