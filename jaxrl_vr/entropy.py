@@ -3,9 +3,10 @@
 The controller follows MAI-Thinking-1: a bounded integral state k raises the upper ratio
 clip when the measured entropy Ĥ falls below a target H*,
 
-    k ← clip(k + δ·sign(H* − Ĥ), 0, k_max),     upper clip = (1 − ε)^−1 + k,
+    k ← clip(k + δ·sign(H* − Ĥ), 0, k_max),     upper clip = 1 + ε_high + k,
 
-so clip-higher widens exactly when the policy is collapsing. It is an `(init, update)`
+so clip-higher widens exactly when the policy is collapsing, and k = 0 is exactly the
+plain clip 1 + ε_high: switching the controller on changes nothing until it acts. It is an `(init, update)`
 pair over a NamedTuple of arrays, like an optax transformation (jit-friendly, saved with
 the checkpoint).
 """
@@ -108,22 +109,22 @@ def entropy_controller_update(
 
 def controlled_upper_clip(state: EntropyControllerState,
                           eps_high: float | jax.Array) -> jax.Array:
-    """Upper ratio clip bound (1 − ε)^−1 + k (MAI-Thinking-1), float32 scalar.
+    """Upper ratio clip bound 1 + ε_high + k (MAI-Thinking-1; SPEC §3.6), float32 scalar.
 
-    With k = 0 this is 1/(1 − ε) ≈ 1 + ε, the log-symmetric partner of the lower bound
-    1 − ε. The trainer passes `eps_high = controlled_upper_clip(state, eps) − 1` to
-    `losses.clipped_surrogate` (see `controlled_eps_high`).
+    With k = 0 this is exactly the plain upper clip 1 + ε_high of
+    `losses.clipped_surrogate`, so the controller is neutral until it acts. The trainer
+    passes `eps_high = controlled_eps_high(state, eps_high)` to the surrogate.
 
     Args:
         state: EntropyControllerState.
-        eps_high: ε of the base upper bound, in [0, 1).
+        eps_high: ε_high of the plain upper bound (≥ 0).
 
     Returns:
         float32 scalar upper bound of the ratio.
     """
-    return 1.0 / (1.0 - jnp.asarray(eps_high, jnp.float32)) + state.k
+    return 1.0 + controlled_eps_high(state, eps_high)
 
 
 def controlled_eps_high(state: EntropyControllerState, eps_high: float | jax.Array) -> jax.Array:
-    """eps_high for `losses.clipped_surrogate`: controlled_upper_clip(state, eps_high) − 1."""
-    return controlled_upper_clip(state, eps_high) - 1.0
+    """ε_high + k: the eps_high to pass to `losses.clipped_surrogate` (ε_high at k = 0)."""
+    return jnp.asarray(eps_high, jnp.float32) + state.k

@@ -105,13 +105,29 @@ class EntropyControllerTest(chex.TestCase):
         np.testing.assert_allclose(trace, [0.15, 0.05, 0.0], atol=1e-6)
         self.assertEqual(int(state.count), 7)
 
+    @chex.variants(with_jit=True, without_jit=True)
     def test_upper_clip_and_eps_high(self):
-        # eps = 0.2: (1 - 0.2)^-1 = 1.25; with k = 0.1: 1.35; eps_high for the surrogate = 0.35.
+        upper = self.variant(entropy.controlled_upper_clip)
+        eps_high = self.variant(entropy.controlled_eps_high)
+        # k = 0 is exactly the plain clip: eps_high unchanged, bound 1 + 0.28 = 1.28.
+        neutral = entropy.entropy_controller_init()
+        self.assertEqual(float(eps_high(neutral, jnp.float32(0.28))), float(jnp.float32(0.28)))
+        np.testing.assert_allclose(upper(neutral, jnp.float32(0.28)), 1.28, rtol=1e-7)
+        # k = 0.1, eps = 0.2: bound 1 + 0.2 + 0.1 = 1.3; eps_high for the surrogate 0.3.
         state = entropy.entropy_controller_init(k_init=0.1)
-        np.testing.assert_allclose(entropy.controlled_upper_clip(state, 0.2), 1.35, rtol=1e-6)
-        np.testing.assert_allclose(entropy.controlled_eps_high(state, 0.2), 0.35, rtol=1e-5)
-        np.testing.assert_allclose(
-            entropy.controlled_upper_clip(entropy.entropy_controller_init(), 0.2), 1.25, rtol=1e-6)
+        np.testing.assert_allclose(upper(state, jnp.float32(0.2)), 1.3, rtol=1e-6)
+        np.testing.assert_allclose(eps_high(state, jnp.float32(0.2)), 0.3, rtol=1e-6)
+        self.assertEqual(eps_high(state, jnp.float32(0.2)).dtype, jnp.float32)
+
+    def test_neutral_controller_leaves_the_surrogate_unchanged(self):
+        from jaxrl_vr import losses
+        log_ratio = jnp.log(jnp.array([0.5, 0.9, 1.1, 1.25, 1.5, 2.0]))
+        adv = jnp.array([1.0, -1.0, 1.0, 1.0, 1.0, -1.0])
+        plain, _ = losses.clipped_surrogate(log_ratio, adv, eps_low=0.2, eps_high=0.28)
+        controlled, _ = losses.clipped_surrogate(
+            log_ratio, adv, eps_low=0.2,
+            eps_high=entropy.controlled_eps_high(entropy.entropy_controller_init(), 0.28))
+        chex.assert_trees_all_equal(controlled, plain)
 
     def test_no_recompile_when_target_changes(self):
         update = jax.jit(entropy.entropy_controller_update)
