@@ -7,8 +7,17 @@ of a fixed prompt set (indexed 0..P-1, optionally named by uid):
   recency model: all history (default), exponential decay per training step, or the
   prompt's last ``window`` visits;
 * lifetime totals (never decayed) and the step of the last visit;
+* current-policy calibration counts: a pass over the whole training pool (n samples per
+  prompt) that seeds the pass rates used to choose prompts (positive–negative pairing,
+  SPEC §3.3) until training rollouts refresh them (``policy_counts`` / ``policy_rate``);
 * a frozen-base calibration cache: n samples per prompt from the initial policy, giving
-  ``p_base`` for PBA anchoring (arXiv 2607.20543) and pass@k regimes (SPEC §3.6).
+  ``p_base`` for PBA anchoring (arXiv 2607.20543) and pass@k regimes (SPEC §3.6). It is
+  never mixed with training counts; the calibration counts above are (the same data may
+  fill both when the calibration pass is run with the initial policy).
+
+Steps: ``tracker.step`` is the current RL step (0 at the start). ``update`` records at
+the current step and does not advance it; the trainer calls ``advance()`` once per RL
+step, so EMA decay does not depend on how many sampling rounds a step used.
 
 ``state_dict()`` returns only numpy arrays (an orbax-friendly pytree) and
 ``config_dict()`` a JSON-able description; ``load_state_dict`` checks that a checkpoint
@@ -24,7 +33,7 @@ import numpy as np
 
 __all__ = ["PromptTracker", "success_counts"]
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2
 _RECENCY_CODES = {"all": 0, "ema": 1, "window": 2}
 
 
@@ -83,6 +92,12 @@ class PromptTracker:
       * ``"window"``: sums over the prompt's last ``window`` visits (a ring buffer).
 
     Pass rate with a Beta(α, β) prior: p̂_x = (c_x + α) / (n_x + α + β).
+
+    Policy rate for prompt choice (``policy_rate``): training counts plus the
+    calibration counts, the latter scaled down to at most ``calibration_cap`` samples
+    (and, under ``"ema"``, decayed from the step they were set at), so a fresh training
+    visit outweighs the calibration pass while unvisited prompts keep their calibrated
+    rate.
 
     Args:
       num_prompts: P, the size of the prompt set.
@@ -143,7 +158,7 @@ class PromptTracker:
     # ------------------------------------------------------------------ state
     def _init_state(self) -> None:
         p = self.num_prompts
-        self.step = -1  # last training step recorded
+        self.step = 0  # current RL step: update() records here, advance() moves it
         self._n_p = np.zeros(p, np.float64)  # recency-weighted (as of _last_step_p for ema)
         self._c_p = np.zeros(p, np.float64)
         self._total_n_p = np.zeros(p, np.int64)
@@ -156,6 +171,9 @@ class PromptTracker:
         self._base_n_p = np.zeros(p, np.int64)
         self._base_c_p = np.zeros(p, np.int64)
         self._base_frozen = False
+        self._cal_n_p = np.zeros(p, np.int64)
+        self._cal_c_p = np.zeros(p, np.int64)
+        self._cal_step = 0  # step the calibration counts describe (for EMA decay)
 
     def _as_index(self, prompt_idx: Any) -> np.ndarray:
         idx = np.asarray(prompt_idx)
@@ -187,6 +205,18 @@ class PromptTracker:
         return np.asarray([self._uid_index[u] for u in uids], np.int64)
 
     # --------------------------------------------------------------- training
+    def advance(self, step: int | None = None) -> int:
+        """Moves to the next RL step (or to ``step``, non-decreasing); returns the new step.
+
+        Call once per RL step, however many sampling rounds (dynamic sampling, two-stage
+        probing) the step used: EMA decay is per RL step.
+        """
+        new_step = self.step + 1 if step is None else int(step)
+        if new_step < self.step:
+            raise ValueError(f"step must be non-decreasing: got {new_step} after {self.step}.")
+        self.step = new_step
+        return new_step
+
     def update(
         self,
         prompt_idx: Any,
@@ -202,7 +232,9 @@ class PromptTracker:
             repeats within one call count as one visit).
           rewards_pg: [P', G] rewards (verifier scores; success = >= success_threshold).
           valid_pg: optional [P', G] bool.
-          step: training step (non-decreasing); default: last step + 1.
+          step: training step (non-decreasing); default: the current ``self.step``
+            (not advanced; call ``advance()`` once per RL step). An explicit step larger
+            than the current one advances the tracker to it.
         """
         idx = self._as_index(prompt_idx)
         n_b, c_b = success_counts(rewards_pg, valid_pg, success_threshold=self.success_threshold)
@@ -211,7 +243,7 @@ class PromptTracker:
                 f"{idx.shape[0]} prompt indices for {n_b.shape[0]} reward groups; pass one "
                 "index per row of rewards_pg."
             )
-        step = self.step + 1 if step is None else int(step)
+        step = self.step if step is None else int(step)
         if step < self.step:
             raise ValueError(f"step must be non-decreasing: got {step} after {self.step}.")
         # Merge repeated prompts of this batch into one visit.
@@ -241,7 +273,7 @@ class PromptTracker:
         self.step = step
 
     def counts(self, prompt_idx: Any = None, *, step: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Recency-weighted (n_x, c_x), float64, as of ``step`` (default: last step)."""
+        """Recency-weighted training (n_x, c_x), float64, as of ``step`` (default: current)."""
         if self.recency == "window":
             n_p = self._win_n_pw.sum(axis=1).astype(np.float64)
             c_p = self._win_c_pw.sum(axis=1).astype(np.float64)
@@ -288,6 +320,106 @@ class PromptTracker:
         den = n_p + alpha + beta
         return np.where(den > 0, (c_p + alpha) / np.where(den > 0, den, 1.0), fill)
 
+    # ----------------------------------------------------- policy calibration
+    def record_calibration(
+        self,
+        prompt_idx: Any,
+        rewards_pn: np.ndarray,
+        valid_pn: np.ndarray | None = None,
+    ) -> None:
+        """Adds calibration samples of the current policy (may be called in chunks).
+
+        The calibration pass samples every training prompt n times before (or early in)
+        training; its counts seed ``policy_rate`` for prompts training has not visited.
+        Success = reward >= ``success_threshold``. Stamped with the current step.
+        """
+        idx = self._as_index(prompt_idx)
+        n_b, c_b = success_counts(rewards_pn, valid_pn, success_threshold=self.success_threshold)
+        if idx.shape[0] != n_b.shape[0]:
+            raise ValueError(f"{idx.shape[0]} prompt indices for {n_b.shape[0]} reward groups.")
+        np.add.at(self._cal_n_p, idx, n_b)
+        np.add.at(self._cal_c_p, idx, c_b)
+        self._cal_step = self.step
+
+    def set_calibration_counts(self, cal_n_p: Any, cal_c_p: Any) -> None:
+        """Replaces the calibration counts with precomputed (n, c) for all P prompts.
+
+        E.g. a cached calibration pass (``n = np.full(P, 64)``, ``c`` = successes).
+        These are *not* the frozen-base counts of PBA (``set_base_counts``); pass the
+        same arrays to both only if the pass was sampled from the initial policy.
+        Stamped with the current step.
+        """
+        n_p, c_p = self._check_counts(cal_n_p, cal_c_p, "calibration")
+        self._cal_n_p[:] = n_p
+        self._cal_c_p[:] = c_p
+        self._cal_step = self.step
+
+    def calibration_counts(self, prompt_idx: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """(n, c) int64 of the current-policy calibration pass."""
+        return (self._select(self._cal_n_p, prompt_idx).copy(),
+                self._select(self._cal_c_p, prompt_idx).copy())
+
+    def measured(self, prompt_idx: Any = None, *, min_count: int = 1) -> np.ndarray:
+        """bool: calibration plus lifetime training samples >= ``min_count``."""
+        return self._select(self._cal_n_p + self._total_n_p >= max(int(min_count), 1), prompt_idx)
+
+    def policy_counts(
+        self,
+        prompt_idx: Any = None,
+        *,
+        calibration_cap: float | None = 8.0,
+        step: int | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Training counts plus down-weighted calibration counts, float64 (n, c).
+
+        n = n_train + s·n_cal·d,  c = c_train + s·c_cal·d, where (n_train, c_train) follow
+        the recency model (``counts``), s = min(1, calibration_cap / n_cal) caps the
+        calibration pass at ``calibration_cap`` samples' worth (None: full weight), and
+        d = decay^(step − calibration step) under ``recency="ema"`` (else 1). Newer
+        evidence is therefore preferred: one visit of G ≥ cap samples outweighs the
+        calibration pass, while an unvisited prompt keeps c_cal/n_cal exactly.
+        """
+        n_p, c_p = self.counts(step=step)
+        cal_n = self._cal_n_p.astype(np.float64)
+        cal_c = self._cal_c_p.astype(np.float64)
+        if calibration_cap is not None:
+            if float(calibration_cap) < 0:
+                raise ValueError(f"calibration_cap must be >= 0 or None, got {calibration_cap}.")
+            scale = np.minimum(1.0, float(calibration_cap) / np.maximum(cal_n, 1.0))
+            cal_n, cal_c = cal_n * scale, cal_c * scale
+        if self.recency == "ema":
+            now = self.step if step is None else int(step)
+            factor = self.decay ** max(now - self._cal_step, 0)
+            cal_n, cal_c = cal_n * factor, cal_c * factor
+        return self._select(n_p + cal_n, prompt_idx), self._select(c_p + cal_c, prompt_idx)
+
+    def policy_rate(
+        self,
+        prompt_idx: Any = None,
+        *,
+        calibration_cap: float | None = 8.0,
+        fill: float = 0.0,
+        step: int | None = None,
+    ) -> np.ndarray:
+        """Current-policy pass rate c/n from ``policy_counts`` (no prior), float64.
+
+        ``fill`` where nothing was measured (see ``measured``). Used to choose
+        positive–negative pairs (``selection.pairing.PairedPromptSource``).
+        """
+        n_p, c_p = self.policy_counts(prompt_idx, calibration_cap=calibration_cap, step=step)
+        return np.where(n_p > 0, c_p / np.where(n_p > 0, n_p, 1.0), fill)
+
+    def _check_counts(self, n_arr: Any, c_arr: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
+        n_p = np.asarray(n_arr, np.int64).reshape(-1)
+        c_p = np.asarray(c_arr, np.int64).reshape(-1)
+        if n_p.shape != (self.num_prompts,) or c_p.shape != (self.num_prompts,):
+            raise ValueError(
+                f"{what} counts must have shape ({self.num_prompts},), got {n_p.shape}, {c_p.shape}."
+            )
+        if np.any(n_p < 0) or np.any(c_p < 0) or np.any(c_p > n_p):
+            raise ValueError(f"{what} counts need 0 <= c <= n for every prompt.")
+        return n_p, c_p
+
     # ------------------------------------------------------------ base cache
     def record_base(
         self,
@@ -312,14 +444,7 @@ class PromptTracker:
         """Replaces the base cache with precomputed (n, c) for all P prompts."""
         if self._base_frozen:
             raise RuntimeError("the base calibration cache is frozen.")
-        n_p = np.asarray(base_n_p, np.int64).reshape(-1)
-        c_p = np.asarray(base_c_p, np.int64).reshape(-1)
-        if n_p.shape != (self.num_prompts,) or c_p.shape != (self.num_prompts,):
-            raise ValueError(
-                f"base counts must have shape ({self.num_prompts},), got {n_p.shape}, {c_p.shape}."
-            )
-        if np.any(n_p < 0) or np.any(c_p < 0) or np.any(c_p > n_p):
-            raise ValueError("base counts need 0 <= c <= n for every prompt.")
+        n_p, c_p = self._check_counts(base_n_p, base_c_p, "base")
         self._base_n_p[:] = n_p
         self._base_c_p[:] = c_p
 
@@ -353,6 +478,7 @@ class PromptTracker:
         n_seen = int(seen.sum())
         out = {
             "tracker/frac_seen": n_seen / self.num_prompts,
+            "tracker/frac_measured": float(self.measured().mean()),
             "tracker/mean_pass_rate": float(rate[seen].mean()) if n_seen else 0.0,
             "tracker/frac_all_solved": float((seen & (rate >= 1.0)).sum() / max(n_seen, 1)),
             "tracker/frac_none_solved": float((seen & (rate <= 0.0)).sum() / max(n_seen, 1)),
@@ -395,14 +521,23 @@ class PromptTracker:
             "base_n_p": self._base_n_p.copy(),
             "base_c_p": self._base_c_p.copy(),
             "base_frozen": np.asarray(self._base_frozen, np.bool_),
+            "cal_n_p": self._cal_n_p.copy(),
+            "cal_c_p": self._cal_c_p.copy(),
+            "cal_step": np.asarray(self._cal_step, np.int64),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores ``state_dict()`` output; validates everything before assigning."""
-        missing = set(self.state_dict()) - set(state)
+        arr = {k: np.asarray(state[k]) for k in state}
+        if "version" in arr and int(arr["version"]) == 1:  # before calibration counts
+            arr.setdefault("cal_n_p", np.zeros(self.num_prompts, np.int64))
+            arr.setdefault("cal_c_p", np.zeros(self.num_prompts, np.int64))
+            arr.setdefault("cal_step", np.asarray(0, np.int64))
+            arr["version"] = np.asarray(_STATE_VERSION, np.int64)
+            arr["step"] = np.asarray(max(int(arr["step"]), 0), np.int64)
+        missing = set(self.state_dict()) - set(arr)
         if missing:
             raise KeyError(f"tracker checkpoint is missing keys {sorted(missing)}.")
-        arr = {k: np.asarray(state[k]) for k in state}
         if int(arr["version"]) != _STATE_VERSION:
             raise ValueError(f"tracker checkpoint version {int(arr['version'])} != {_STATE_VERSION}.")
         if int(arr["num_prompts"]) != self.num_prompts:
@@ -442,3 +577,6 @@ class PromptTracker:
         self._base_n_p = arr["base_n_p"].astype(np.int64).copy()
         self._base_c_p = arr["base_c_p"].astype(np.int64).copy()
         self._base_frozen = bool(arr["base_frozen"])
+        self._cal_n_p = arr["cal_n_p"].astype(np.int64).copy()
+        self._cal_c_p = arr["cal_c_p"].astype(np.int64).copy()
+        self._cal_step = int(arr["cal_step"])

@@ -96,6 +96,7 @@ def _populated(tracker: PromptTracker) -> PromptTracker:
         tracker.update(idx, (rng.random((3, 4)) < 0.5).astype(np.float32), step=2 * step)
     tracker.record_base(np.arange(tracker.num_prompts), (rng.random((tracker.num_prompts, 8)) < 0.3).astype(np.float32))
     tracker.freeze_base()
+    tracker.set_calibration_counts(np.full(tracker.num_prompts, 16), rng.integers(0, 17, tracker.num_prompts))
     return tracker
 
 
@@ -109,14 +110,17 @@ def test_state_dict_round_trip(kwargs, tmp_path):
     loaded = dict(np.load(tmp_path / "t.npz"))
     dst = PromptTracker(**src.config_dict())
     dst.load_state_dict(loaded)
-    for query in ("pass_rate", "p_base", "seen", "visits", "last_step"):
+    for query in ("pass_rate", "p_base", "seen", "visits", "last_step", "policy_rate", "measured"):
         np.testing.assert_array_equal(getattr(dst, query)(), getattr(src, query)())
     np.testing.assert_array_equal(dst.counts()[0], src.counts()[0])
     assert dst.step == src.step and dst.base_frozen
+    np.testing.assert_array_equal(dst.calibration_counts()[1], src.calibration_counts()[1])
     # Both continue identically after the resume.
     for t in (src, dst):
-        t.update([1, 4], np.array([[1, 0, 0, 0], [1, 1, 1, 0]], np.float32), step=20)
+        t.advance(20)
+        t.update([1, 4], np.array([[1, 0, 0, 0], [1, 1, 1, 0]], np.float32))
     np.testing.assert_array_equal(dst.pass_rate(), src.pass_rate())
+    np.testing.assert_array_equal(dst.policy_rate(), src.policy_rate())
 
 
 def test_state_dict_through_orbax(tmp_path):
@@ -180,3 +184,83 @@ def test_summary_is_jsonable():
     assert out["tracker/frac_seen"] == 0.5
     assert out["tracker/mean_pass_rate"] == 0.5
     assert out["tracker/frac_all_solved"] == 0.5 and out["tracker/frac_none_solved"] == 0.5
+
+
+def test_update_records_at_the_current_step_and_advance_moves_it():
+    tr = PromptTracker(2, recency="ema", decay=0.5)
+    assert tr.step == 0
+    # Two sampling rounds of the same RL step (e.g. dynamic sampling): one step, no decay.
+    tr.update([0], np.array([[1, 0]], np.float32))
+    tr.update([0], np.array([[1, 1]], np.float32))
+    assert tr.step == 0
+    n, c = tr.counts([0])
+    np.testing.assert_allclose([n[0], c[0]], [4.0, 3.0])
+    assert tr.advance() == 1
+    # One RL step later: decayed once, n = 2, c = 1.5, whatever the number of rounds.
+    n, c = tr.counts([0])
+    np.testing.assert_allclose([n[0], c[0]], [2.0, 1.5])
+    assert tr.advance(3) == 3
+    np.testing.assert_allclose(tr.counts([0])[0], [0.5])
+    np.testing.assert_array_equal(tr.last_step(), [0, -1])
+    with pytest.raises(ValueError, match="non-decreasing"):
+        tr.advance(2)
+
+
+def test_calibration_counts_seed_policy_rate_and_newer_evidence_wins():
+    tr = PromptTracker(3)
+    # Calibration pass: 64 samples each; prompt 2 not calibrated.
+    tr.set_calibration_counts([64, 64, 0], [8, 56, 0])
+    np.testing.assert_array_equal(tr.measured(), [True, True, False])
+    # Unvisited prompts keep the calibrated rate exactly, whatever the cap.
+    np.testing.assert_allclose(tr.policy_rate(calibration_cap=8.0), [0.125, 0.875, 0.0])
+    np.testing.assert_allclose(tr.policy_rate(calibration_cap=None), [0.125, 0.875, 0.0])
+    # The base cache (PBA) is separate: untouched by calibration counts and vice versa.
+    np.testing.assert_array_equal(tr.has_base(), [False, False, False])
+    tr.set_base_counts([4, 4, 4], [1, 2, 3])
+    np.testing.assert_array_equal(tr.calibration_counts()[1], [8, 56, 0])
+    # Prompt 0 is visited: 8 samples, 4 successes. The calibration pass is capped at 8
+    # samples' worth (s = 8/64): n = 8 + 8 = 16, c = 4 + 1 = 5 -> 5/16 = 0.3125
+    # (uncapped: (4 + 8)/(8 + 64) = 1/6, the old evidence would dominate).
+    tr.update([0, 2], np.array([[1, 1, 1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0]], np.float32))
+    np.testing.assert_allclose(tr.policy_counts([0])[0], [16.0])
+    np.testing.assert_allclose(tr.policy_rate(calibration_cap=8.0), [0.3125, 0.875, 0.125])
+    np.testing.assert_allclose(tr.policy_rate(calibration_cap=None)[0], 1 / 6)
+    np.testing.assert_array_equal(tr.measured(), [True, True, True])
+    np.testing.assert_array_equal(tr.measured(min_count=65), [True, False, False])
+    # The training-only pass rate ignores calibration.
+    np.testing.assert_allclose(tr.pass_rate(), [0.5, 0.0, 0.125])
+
+
+def test_calibration_decays_with_ema_from_its_step():
+    tr = PromptTracker(1, recency="ema", decay=0.5)
+    tr.set_calibration_counts([8], [2])  # at step 0
+    tr.advance(2)
+    tr.update([0], np.array([[1, 1, 1, 1]], np.float32))  # at step 2
+    # Calibration aged 2 steps: 8·0.25 = 2 samples, 0.5 successes; training 4 and 4.
+    n, c = tr.policy_counts(calibration_cap=8.0)
+    np.testing.assert_allclose([n[0], c[0]], [6.0, 4.5])
+    tr.advance()
+    # One step later both halve; the rate is unchanged: 4.5/6 = 0.75.
+    np.testing.assert_allclose(tr.policy_rate(), [0.75])
+    np.testing.assert_allclose(tr.policy_counts()[0], [3.0])
+
+
+def test_record_calibration_uses_the_success_threshold():
+    tr = PromptTracker(2, success_threshold=0.9)
+    tr.record_calibration([0, 1], np.array([[1.0, 0.8, 0.95, 0.0], [0.5, 0.5, 1.0, 1.0]]))
+    np.testing.assert_array_equal(tr.calibration_counts()[1], [2, 2])
+    with pytest.raises(ValueError, match="calibration counts need"):
+        tr.set_calibration_counts([4, 4], [5, 0])
+
+
+def test_loads_version_1_checkpoint_without_calibration():
+    tr = PromptTracker(3)
+    tr.update([0], np.ones((1, 4), np.float32))
+    state = tr.state_dict()
+    for key in ("cal_n_p", "cal_c_p", "cal_step"):
+        del state[key]
+    state["version"] = np.asarray(1, np.int64)
+    dst = PromptTracker(3)
+    dst.load_state_dict(state)
+    np.testing.assert_array_equal(dst.pass_rate(), tr.pass_rate())
+    np.testing.assert_array_equal(dst.calibration_counts()[0], [0, 0, 0])
