@@ -123,8 +123,11 @@ def test_no_intact_step_left_starts_fresh_and_deletes_nothing(tmp_path):
     ckpt = _saved(tmp_path)
     for step in (1, 2):
         _damage(str(tmp_path / str(step) / "host" / "metadata"), "truncate")
-    with pytest.warns(CheckpointDamagedWarning, match="no intact checkpoint remains"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         assert ckpt.restore_latest_intact(_state(0)) is None
+    messages = [str(w.message) for w in caught if issubclass(w.category, CheckpointDamagedWarning)]
+    assert len(messages) == 3 and "no intact checkpoint remains" in messages[-1], messages
     assert sorted(m.split("-")[0] for m in os.listdir(tmp_path / CORRUPT_DIR)) == ["1", "2"]
     assert ckpt.latest_step() is None
     with pytest.raises(FileNotFoundError, match="no intact checkpoint"):
