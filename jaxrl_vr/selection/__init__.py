@@ -9,7 +9,15 @@ from jaxrl_vr.selection.dynamic import (
     prob_all_wrong,
     prob_uninformative,
 )
-from jaxrl_vr.selection.pairing import PairPools, pairing_pools, pairs_from_tracker, select_pairs
+from jaxrl_vr.selection.pairing import (
+    PairedPromptSource,
+    PairPools,
+    PromptChoice,
+    pairing_pools,
+    pairs_from_tracker,
+    select_pairs,
+    tracker_rates,
+)
 from jaxrl_vr.selection.tracker import PromptTracker, success_counts
 from jaxrl_vr.selection.two_stage import (
     adaptive_group_sizes,
@@ -25,6 +33,8 @@ __all__ = [
     "DynamicBatch",
     "DynamicBatcher",
     "PairPools",
+    "PairedPromptSource",
+    "PromptChoice",
     "PromptTracker",
     "RecheckSchedule",
     "adaptive_group_sizes",
@@ -43,4 +53,5 @@ __all__ = [
     "probe_pass_rate",
     "select_pairs",
     "success_counts",
+    "tracker_rates",
 ]

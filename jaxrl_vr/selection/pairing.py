@@ -1,22 +1,35 @@
 """Positive–negative prompt pairing for Weighted GRPO (Sheng/Pang et al., arXiv 2602.03452).
 
-Each update uses pairs (q⁺, q⁻) chosen from the tracker's per-prompt success rates:
+Each update uses pairs (q⁺, q⁻) chosen from per-prompt success rates of the current
+policy over the whole training pool (SPEC §3.3):
 
 * q⁺ hard-but-solvable: pos_min < rate <= pos_max (a low, non-zero success rate);
 * q⁻ easy-but-brittle: 1 − c/G <= rate <= 1 − 1/G (solved often, but not always).
 
-Both need at least ``min_count`` tracked samples. The thresholds, c and λ_neg are
-configurable; the published values are not known (SPEC §3.3). The advantage side is
+Rates come from a calibration pass over the pool, refreshed by training rollouts
+(``PromptTracker.policy_rate``); ``PairedPromptSource`` draws the pairs step by step and
+fills the rest of each batch from the data order, so unmeasured prompts keep entering
+and the data position advances. Success is decided where rewards are binarised (the
+tracker's ``success_threshold``). The thresholds, c and λ_neg are configurable; the
+published values are not known. The advantage side is
 ``jaxrl_vr.advantages.pair_weighted``.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
-__all__ = ["PairPools", "pairing_pools", "select_pairs", "pairs_from_tracker"]
+__all__ = [
+    "PairPools",
+    "PairedPromptSource",
+    "PromptChoice",
+    "pairing_pools",
+    "pairs_from_tracker",
+    "select_pairs",
+    "tracker_rates",
+]
 
 _EPS = 1e-9  # rates are ratios of counts; compare band edges with a tiny tolerance
 
@@ -125,10 +138,210 @@ def pairs_from_tracker(
     min_count: int = 1,
     eligible_p: Any | None = None,
     strategy: str = "random",
+    calibration_cap: float | None = 8.0,
 ) -> np.ndarray:
-    """``select_pairs`` over a ``PromptTracker``'s recency-weighted rates (no prior)."""
-    count_p, _ = tracker.counts()
-    rate_p = tracker.pass_rate(prior=(0.0, 0.0))
-    pools = pairing_pools(rate_p, count_p, group_size=group_size, neg_c=neg_c, pos_max=pos_max,
-                          pos_min=pos_min, min_count=min_count, eligible_p=eligible_p)
+    """``select_pairs`` over a ``PromptTracker``'s policy rates (calibration + training).
+
+    A prompt needs ``min_count`` measured samples (calibration plus lifetime training).
+    """
+    rate_p, measured_p = tracker_rates(tracker, calibration_cap=calibration_cap,
+                                       min_count=min_count)()
+    pools = pairing_pools(rate_p, measured_p.astype(np.float64), group_size=group_size,
+                          neg_c=neg_c, pos_max=pos_max, pos_min=pos_min, min_count=1,
+                          eligible_p=eligible_p)
     return select_pairs(rng, pools, rate_p, num_pairs, strategy=strategy)
+
+
+# ---------------------------------------------------------------- the prompt source
+
+RatesFn = Callable[[], "tuple[np.ndarray, np.ndarray]"]
+
+
+def tracker_rates(tracker: Any, *, calibration_cap: float | None = 8.0,
+                  min_count: int = 1) -> RatesFn:
+    """A rates function for ``PairedPromptSource`` reading a ``PromptTracker``.
+
+    Returns ``() -> (rate_p float64 [N], measured_p bool [N])`` with
+    ``tracker.policy_rate(calibration_cap=...)`` and ``tracker.measured(min_count=...)``:
+    it is called at every draw, so rates refreshed by training are seen immediately.
+    """
+    def rates() -> tuple[np.ndarray, np.ndarray]:
+        return (np.asarray(tracker.policy_rate(calibration_cap=calibration_cap), np.float64),
+                np.asarray(tracker.measured(min_count=min_count), bool))
+    return rates
+
+
+class PromptChoice(NamedTuple):
+    """One RL step's prompts.
+
+    ``idx_p`` is laid out [q⁺₀, q⁻₀, q⁺₁, q⁻₁, …, then data-order prompts]; the first
+    ``2·num_pairs`` rows are pairs (``is_pair_p``), so ``idx_p[:2*num_pairs]`` reshapes to
+    [num_pairs, 2] (and the rollout rows to [num_pairs, 2, G] for ``pair_weighted``).
+    """
+
+    idx_p: np.ndarray  # int64 [P], distinct prompt indices
+    is_pair_p: np.ndarray  # bool [P]: True for the first 2·num_pairs rows
+    num_pairs: int
+
+
+_STATE_VERSION = 1
+_SEED_TAG = 2602  # separates the pair draw's stream from the data order's
+
+
+class PairedPromptSource:
+    """Chooses each RL step's prompts: pairs from the whole pool plus the data order.
+
+    At step t (Weighted GRPO, arXiv 2602.03452; SPEC §3.3):
+
+    1. Read (rate_p, measured_p) from ``rates_fn`` (e.g. ``tracker_rates(tracker)``:
+       calibration pass + training rollouts, newer evidence preferred).
+    2. Pools over the whole pool (``pairing_pools`` on measured prompts): q⁺ with
+       pos_min < rate <= pos_max, q⁻ with 1 − c/G <= rate <= 1 − 1/G.
+    3. num_pairs = min(⌊(P − n_explore)/2⌋, |q⁺|, |q⁻|), n_explore = ⌈explore_frac·P⌉.
+       ``"random"``: uniform without replacement within each pool; ``"extreme"``:
+       lowest q⁺ / highest q⁻ rates first. A prompt never fills both sides.
+    4. The other P − 2·num_pairs rows come from the data order (the same per-epoch
+       permutation the unpaired trainer uses, seeded by (seed, epoch)), skipping prompts
+       already in this step's pairs; the data position advances past every entry read.
+       So unmeasured prompts keep entering and get measured, and rates stay fresh.
+
+    The draw is a deterministic function of (seed, step, number of earlier draws, rates,
+    data position): same seed, same draw, also after a resume that restores the tracker
+    and ``state_dict()``. Several calls in one step (sampling rounds) draw differently.
+
+    Args:
+      num_prompts: N, the size of the training pool.
+      rates_fn: ``() -> (rate_p [N] float, measured_p [N] bool)``.
+      prompts_per_step: P, rows per step.
+      group_size: G, samples per prompt (sets the q⁻ band).
+      seed: run seed (data order and pair draws).
+      neg_c, pos_max, pos_min: pool bands (``pairing_pools``).
+      explore_frac: fraction of each batch taken from the data order (≥ 0; 0 = only
+        when the pools run short, and then the data position stalls).
+      strategy: ``"random"`` or ``"extreme"``.
+    """
+
+    def __init__(
+        self,
+        num_prompts: int,
+        rates_fn: RatesFn,
+        *,
+        prompts_per_step: int,
+        group_size: int,
+        seed: int = 0,
+        neg_c: int = 2,
+        pos_max: float = 0.25,
+        pos_min: float = 0.0,
+        explore_frac: float = 0.25,
+        strategy: str = "random",
+    ):
+        if int(num_prompts) < 1:
+            raise ValueError(f"num_prompts must be >= 1, got {num_prompts}.")
+        if int(prompts_per_step) < 1 or int(prompts_per_step) > int(num_prompts):
+            raise ValueError(
+                f"prompts_per_step must be in [1, num_prompts={num_prompts}], got "
+                f"{prompts_per_step}.")
+        if not 0.0 <= float(explore_frac) <= 1.0:
+            raise ValueError(f"explore_frac must be in [0, 1], got {explore_frac}.")
+        if strategy not in ("random", "extreme"):
+            raise ValueError(f"strategy must be 'random' or 'extreme', got {strategy!r}.")
+        if int(seed) < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}.")
+        # Validates the bands once, before any step.
+        pairing_pools(np.zeros(1), np.zeros(1), group_size=group_size, neg_c=neg_c,
+                      pos_max=pos_max, pos_min=pos_min)
+        self.num_prompts = int(num_prompts)
+        self.rates_fn = rates_fn
+        self.prompts_per_step = int(prompts_per_step)
+        self.group_size = int(group_size)
+        self.seed = int(seed)
+        self.neg_c, self.pos_max, self.pos_min = int(neg_c), float(pos_max), float(pos_min)
+        self.explore_frac = float(explore_frac)
+        self.strategy = strategy
+        self.data_position = 0
+        self.num_draws = 0
+
+    @property
+    def max_pairs(self) -> int:
+        """Pairs per step when both pools are large enough."""
+        num_explore = int(np.ceil(self.explore_frac * self.prompts_per_step - 1e-9))
+        return (self.prompts_per_step - num_explore) // 2
+
+    def data_order(self, epoch: int) -> np.ndarray:
+        """The epoch's permutation of the pool (the unpaired trainer's data order)."""
+        return np.random.default_rng([self.seed, int(epoch)]).permutation(self.num_prompts)
+
+    def _take_data_order(self, num: int, exclude: set[int]) -> list[int]:
+        out: list[int] = []
+        pos = self.data_position
+        order, order_epoch = None, -1
+        while len(out) < num:
+            epoch, offset = divmod(pos, self.num_prompts)
+            if epoch != order_epoch:
+                order, order_epoch = self.data_order(epoch), epoch
+            prompt = int(order[offset])
+            pos += 1
+            if prompt not in exclude:
+                out.append(prompt)
+                exclude.add(prompt)
+        self.data_position = pos
+        return out
+
+    def next_prompts(self, step: int) -> PromptChoice:
+        """The prompts of RL step ``step``; advances the data position.
+
+        Raises ValueError if ``rates_fn`` returns arrays of the wrong shape.
+        """
+        if int(step) < 0:
+            raise ValueError(f"step must be >= 0, got {step}.")
+        rate_p, measured_p = self.rates_fn()
+        rate = np.asarray(rate_p, np.float64).reshape(-1)
+        measured = np.asarray(measured_p, bool).reshape(-1)
+        if rate.shape != (self.num_prompts,) or measured.shape != (self.num_prompts,):
+            raise ValueError(
+                f"rates_fn must return two arrays of shape ({self.num_prompts},), got "
+                f"{rate.shape} and {measured.shape}.")
+        pools = pairing_pools(rate, measured.astype(np.float64), group_size=self.group_size,
+                              neg_c=self.neg_c, pos_max=self.pos_max, pos_min=self.pos_min,
+                              min_count=1)
+        positive = pools.positive_p
+        negative = pools.negative_p & ~positive
+        num_pairs = int(min(self.max_pairs, positive.sum(), negative.sum()))
+        pairs = np.zeros((0, 2), np.int64)
+        if num_pairs > 0:
+            rng = np.random.default_rng([self.seed, int(step), self.num_draws, _SEED_TAG])
+            pairs = select_pairs(rng, PairPools(positive, negative), rate, num_pairs,
+                                 strategy=self.strategy)
+        paired = pairs.reshape(-1).tolist()
+        rest = self._take_data_order(self.prompts_per_step - len(paired), set(paired))
+        idx_p = np.asarray(paired + rest, np.int64)
+        is_pair_p = np.arange(self.prompts_per_step) < len(paired)
+        self.num_draws += 1
+        return PromptChoice(idx_p, is_pair_p, num_pairs)
+
+    # ------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Mutable state as numpy arrays (orbax-friendly); the rates live in the tracker."""
+        return {
+            "version": np.asarray(_STATE_VERSION, np.int64),
+            "num_prompts": np.asarray(self.num_prompts, np.int64),
+            "seed": np.asarray(self.seed, np.int64),
+            "data_position": np.asarray(self.data_position, np.int64),
+            "num_draws": np.asarray(self.num_draws, np.int64),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores ``state_dict()`` output; checks pool size and seed first."""
+        missing = set(self.state_dict()) - set(state)
+        if missing:
+            raise KeyError(f"pairing checkpoint is missing keys {sorted(missing)}.")
+        if int(np.asarray(state["num_prompts"])) != self.num_prompts:
+            raise ValueError(
+                f"pairing checkpoint has {int(np.asarray(state['num_prompts']))} prompts, this "
+                f"source {self.num_prompts}; build it over the same prompt pool.")
+        if int(np.asarray(state["seed"])) != self.seed:
+            raise ValueError(
+                f"pairing checkpoint seed {int(np.asarray(state['seed']))} != {self.seed}; "
+                "resume with the run's seed.")
+        self.data_position = int(np.asarray(state["data_position"]))
+        self.num_draws = int(np.asarray(state["num_draws"]))
