@@ -1,6 +1,14 @@
 """Prompt-distribution control: which prompts, how many samples (SPEC §4)."""
 
-from jaxrl_vr.selection.anchor import POLARITIES, anchor_mask, anchored_kl_weight, expand_to_responses
+from jaxrl_vr.selection.anchor import (
+    DEFAULT_TAU_HIGH,
+    DEFAULT_TAU_LOW,
+    POLARITIES,
+    anchor_mask,
+    anchored_kl_terms,
+    anchored_kl_weight,
+    expand_to_responses,
+)
 from jaxrl_vr.selection.dynamic import (
     DynamicBatch,
     DynamicBatcher,
@@ -29,6 +37,8 @@ from jaxrl_vr.selection.two_stage import (
 )
 
 __all__ = [
+    "DEFAULT_TAU_HIGH",
+    "DEFAULT_TAU_LOW",
     "POLARITIES",
     "DynamicBatch",
     "DynamicBatcher",
@@ -39,6 +49,7 @@ __all__ = [
     "RecheckSchedule",
     "adaptive_group_sizes",
     "anchor_mask",
+    "anchored_kl_terms",
     "anchored_kl_weight",
     "continuation_counts",
     "expand_to_responses",
