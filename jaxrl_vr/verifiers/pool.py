@@ -5,6 +5,11 @@ passes the item's deadline is killed (SIGKILL) and replaced, so a hanging sympy 
 a C-level big-integer power cannot stall training. An exception scores 0 with status
 "error", a deadline scores 0 with "timeout"; `score` never raises for an item's failure.
 Counts per status are returned for the metrics. `submit` scores off the training thread.
+
+Errors are never silent: `VerifyResult.errors[i]` holds "ExceptionType: message" for every
+item with status "error". `ErrorLog` appends the first few of each step to a JSONL file
+(type, message, item id, a truncated completion) and `ErrorStop` says when to stop a run
+whose verifier fails on (nearly) every sample for several steps in a row.
 """
 
 from __future__ import annotations
@@ -12,11 +17,14 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import json
 import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import re
 import signal
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -25,7 +33,7 @@ import numpy as np
 
 from jaxrl_vr.verifiers import registry
 
-__all__ = ["VerifyResult", "VerifierPool", "score_serial"]
+__all__ = ["VerifyResult", "VerifierPool", "score_serial", "ErrorLog", "ErrorStop", "MainGuardError"]
 
 # Messages queued to a busy worker must fit in the pipe buffer (64 KiB on Linux) together,
 # or the send would block while that worker hangs: prefetch <= 4 messages of <= 16 KiB.
@@ -42,7 +50,8 @@ class VerifyResult:
     Attributes:
       scores: float32 [N]; 0 wherever status is timeout / error / unparsable.
       statuses: N strings from registry.STATUSES.
-      errors: N messages (None when the item did not fail) for debugging.
+      errors: N messages, None where the item did not fail; "ExceptionType: message" for
+        status "error" (a worker that died: "WorkerDied: ..."), the limit for "timeout".
       elapsed_s: wall time of the batch.
     """
 
@@ -65,6 +74,17 @@ class VerifyResult:
             out[f"{prefix}frac_{status}"] = count / n
         out[f"{prefix}mean_score"] = float(self.scores.mean()) if len(self.scores) else 0.0
         out[f"{prefix}items_per_s"] = len(self.statuses) / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        return out
+
+    def failures(self) -> list[tuple[int, str, str]]:
+        """(index, exception type, message) of every item with status "error", in input order."""
+        out = []
+        for index, (status, error) in enumerate(zip(self.statuses, self.errors)):
+            if status == "error":
+                kind, sep, message = (error or "").partition(": ")
+                if not sep or not re.fullmatch(r"[A-Za-z_][\w.]*", kind):
+                    kind, message = "Error", error or ""
+                out.append((index, kind, message))
         return out
 
 
@@ -144,13 +164,59 @@ def _check_batch(items: Sequence, completions: Sequence[str]) -> None:
     if len(items) != len(completions):
         raise ValueError(f"Got {len(items)} items but {len(completions)} completions; pass one completion per item.")
     known = registry.registered_verifiers()
-    unknown = sorted({item.verifier for item in items if item.verifier not in known})
+    unknown = sorted({str(item.verifier) for item in items if item.verifier not in known})
     if unknown:
-        raise ValueError(f"Unknown verifier(s) {unknown}; registered: {sorted(known)}. "
-                         "Register them with jaxrl_vr.verifiers.register_verifier(name, fn) before scoring.")
+        also = f" Also unknown: {unknown[1:]}." if len(unknown) > 1 else ""
+        raise ValueError(registry.unknown_verifier_message(unknown[0]) + also)
     for i, completion in enumerate(completions):
         if not isinstance(completion, str):
             raise TypeError(f"Completion {i} is a {type(completion).__name__}; decode completions to str first.")
+
+
+class MainGuardError(RuntimeError):
+    """A VerifierPool was created at import time of a script that worker processes re-import."""
+
+
+_GUARD_PATTERN = re.compile(r"""^if\s+__name__\s*==\s*['"]__main__['"]\s*:""", re.MULTILINE)
+
+
+def _main_script() -> str | None:
+    """Path of the script run as `python script.py` / `python -m module`, if any.
+
+    In a worker that is still re-importing it, the script runs as "__mp_main__".
+    """
+    main = sys.modules.get("__mp_main__") if _bootstrapping() else None
+    main = main or sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not isinstance(path, str) or not path.endswith(".py") or os.path.basename(path) == "__main__.py":
+        return None  # notebooks, -c, and package __main__ modules (multiprocessing skips those)
+    return os.path.abspath(path)
+
+
+def _main_guard_message(script: str | None) -> str:
+    where = script or "your main script"
+    return (f"A VerifierPool was started while {where} was being imported by a new worker process: the "
+            "script creates the pool at module level. With start_method 'forkserver' or 'spawn', every "
+            "worker re-imports the main script, so put the code that creates and uses the pool under "
+            f'`if __name__ == "__main__":` in {where} (or inside a function called from there).')
+
+
+def _script_lacks_guard() -> str | None:
+    """The main script's path when it has no `if __name__ == "__main__":` line, else None."""
+    script = _main_script()
+    if script is None:
+        return None
+    try:
+        with open(script, encoding="utf-8", errors="replace") as f:
+            source = f.read()
+    except OSError:
+        return None
+    return None if _GUARD_PATTERN.search(source) else script
+
+
+def _bootstrapping() -> bool:
+    """True inside a child process that is still importing the parent's main script."""
+    return bool(getattr(multiprocessing.process.current_process(), "_inheriting", False))
 
 
 @dataclasses.dataclass
@@ -192,6 +258,10 @@ class VerifierPool:
     def __init__(self, num_workers: int | None = None, timeout_s: float = 5.0, *,
                  start_method: str = "forkserver", preload: Sequence[str] = (), resolve_timeout_s: float = 120.0,
                  prefetch: int = 2, inline: Sequence[str] = ("exact",)):
+        self._workers: list[_Worker] = []
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        if _bootstrapping():  # we are a worker re-importing a script that builds a pool at module level
+            raise MainGuardError(_main_guard_message(_main_script()))
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}.")
         self.num_workers = int(num_workers or os.cpu_count() or 1)
@@ -222,21 +292,32 @@ class VerifierPool:
                     f"Verifier {name!r} cannot be sent to '{start_method}' workers ({_describe(e)}). Define "
                     "it at module level, register it as a 'module:function' path, or use start_method='fork'.")
         self._lock = threading.Lock()
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._workers: list[_Worker] = []
-        starting = [self._spawn() for _ in range(self.num_workers)]  # start in parallel, then wait
+        starting = []
         try:
+            for _ in range(self.num_workers):  # start in parallel, then wait
+                starting.append(self._spawn())
             self._workers = [self._await_ready(worker) for worker in starting]
-        except RuntimeError:
+        except RuntimeError as err:
             for worker in starting:
                 self._stop(worker)
+            if isinstance(err, MainGuardError):
+                raise
+            if start_method != "fork":
+                script = _script_lacks_guard()
+                if script is not None:  # the workers died re-importing it (their stderr shows why)
+                    raise MainGuardError(_main_guard_message(script)) from None
             raise
         self.restarts = 0  # workers replaced after a timeout or crash, over the pool's life
 
     def _spawn(self) -> _Worker:
         parent_conn, child_conn = self._context.Pipe(duplex=True)
         process = self._context.Process(target=_worker_main, args=(child_conn, self._fns), daemon=True)
-        process.start()
+        try:
+            process.start()
+        except RuntimeError as err:
+            if "bootstrapping phase" in str(err):  # multiprocessing's own wording for a missing guard
+                raise MainGuardError(_main_guard_message(_main_script())) from None
+            raise
         child_conn.close()
         return _Worker(process, parent_conn)
 
@@ -351,7 +432,7 @@ class VerifierPool:
                         worker.conn.send_bytes(message)
                     except (BrokenPipeError, EOFError, OSError):
                         if worker.queue:  # it died while working: its head item crashed it
-                            fail_head(slot, "error", "worker died")
+                            fail_head(slot, "error", "WorkerDied: worker died while scoring this item")
                         else:
                             self._replace(slot)
                         break
@@ -384,10 +465,11 @@ class VerifierPool:
                 kind, index, *payload = worker.conn.recv()
             except (EOFError, OSError) as e:  # the worker crashed (segfault, OOM kill, os._exit)
                 worker.process.join(timeout=1.0)
-                fail_head(slot, "error", f"worker died ({_describe(e)}, exit code {worker.process.exitcode})")
+                fail_head(slot, "error",
+                          f"WorkerDied: worker died ({_describe(e)}, exit code {worker.process.exitcode})")
                 return
             if index != worker.queue[0]:  # cannot happen with an in-order worker; be safe
-                fail_head(slot, "error", "worker answered for another item")
+                fail_head(slot, "error", "PoolError: worker answered for another item")
                 return
             if kind == "resolved":
                 worker.resolved.add(payload[0])
@@ -426,3 +508,99 @@ class VerifierPool:
                 self.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+class ErrorLog:
+    """Appends the first verifier errors of each step to a JSON-lines file.
+
+    One row per logged error: {"step", "index", "item_id", "verifier", "type", "message",
+    "completion"} with the completion cut to `max_completion_chars`. At most
+    `max_per_step` rows per step, so a verifier that fails on everything cannot fill the disk.
+
+    Args:
+      path: the file (e.g. `<workdir>/verifier_errors.jsonl`); its directory is created.
+      max_per_step: rows written per step (the rest are only counted).
+      max_completion_chars: characters of the completion kept in a row.
+      resume_step: when resuming, rows with step > resume_step (written by the part of the
+        run that is replayed) are dropped first, so no error is logged twice.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, max_per_step: int = 5, max_completion_chars: int = 500,
+                 resume_step: int | None = None):
+        if max_per_step < 0 or max_completion_chars < 0:
+            raise ValueError(f"max_per_step ({max_per_step}) and max_completion_chars ({max_completion_chars}) "
+                             "must be >= 0.")
+        self.path = os.fspath(path)
+        self.max_per_step = int(max_per_step)
+        self.max_completion_chars = int(max_completion_chars)
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        if resume_step is not None and os.path.exists(self.path):
+            with open(self.path, encoding="utf-8") as f:
+                rows = [line for line in f if line.strip()]
+            keep = []
+            for line in rows:
+                try:
+                    if int(json.loads(line).get("step", 0)) <= resume_step:
+                        keep.append(line)
+                except (ValueError, AttributeError):
+                    pass  # a row torn by a kill: drop it
+            with open(self.path, "w", encoding="utf-8") as f:
+                f.writelines(keep)
+
+    def record(self, step: int, items: Sequence, completions: Sequence[str], result: VerifyResult) -> int:
+        """Writes the step's first `max_per_step` errors; returns how many items errored."""
+        failures = result.failures()
+        if failures and self.max_per_step:
+            with open(self.path, "a", encoding="utf-8") as f:
+                for index, kind, message in failures[: self.max_per_step]:
+                    item = items[index]
+                    completion = completions[index]
+                    if isinstance(completion, str) and len(completion) > self.max_completion_chars:
+                        completion = completion[: self.max_completion_chars] + f"...[{len(completion)} chars]"
+                    row = {"step": int(step), "index": index, "item_id": str(getattr(item, "uid", index)),
+                           "verifier": str(getattr(item, "verifier", "")), "type": kind, "message": message,
+                           "completion": completion if isinstance(completion, str) else repr(completion)[:200]}
+                    f.write(json.dumps(row) + "\n")
+        return len(failures)
+
+
+class ErrorStop:
+    """Stop rule: verifier errors in >= `max_fraction` of a step's samples, `patience` steps in a row.
+
+    The default (1.0, 3) stops a run whose verifier fails on every sample for three
+    consecutive steps: it would otherwise train on all-zero rewards. A step with fewer
+    erroring samples resets the count.
+
+    Args:
+      max_fraction: fraction of a step's samples in (0, 1] that counts as a failing step.
+      patience: failing steps in a row that stop the run (>= 1).
+      path: the error log (named in the message).
+    """
+
+    def __init__(self, max_fraction: float = 1.0, patience: int = 3, *, path: str | os.PathLike | None = None):
+        if not 0.0 < max_fraction <= 1.0:
+            raise ValueError(f"max_fraction must lie in (0, 1], got {max_fraction}.")
+        if patience < 1:
+            raise ValueError(f"patience must be >= 1, got {patience}.")
+        self.max_fraction = float(max_fraction)
+        self.patience = int(patience)
+        self.path = None if path is None else os.fspath(path)
+        self.failing_steps = 0  # consecutive steps at or above max_fraction
+        self._last = (0, 0)
+
+    def update(self, num_errors: int, num_samples: int) -> bool:
+        """Counts one step; True when the run should stop now."""
+        failing = num_samples > 0 and num_errors > 0 and num_errors >= self.max_fraction * num_samples
+        self.failing_steps = self.failing_steps + 1 if failing else 0
+        self._last = (int(num_errors), int(num_samples))
+        return self.failing_steps >= self.patience
+
+    @property
+    def message(self) -> str:
+        """Why the run stopped: the rule, the last step's counts and where the errors are."""
+        errors, samples = self._last
+        where = f"the first errors of each step are in {self.path}" if self.path else "see VerifyResult.errors"
+        return (f"the verifier raised on {errors}/{samples} samples of the last step and on >= "
+                f"{self.max_fraction:.0%} of the samples for {self.failing_steps} steps in a row; {where}. Fix "
+                "the verifier (or the task's answers) and rerun the same command: it resumes from the last "
+                "checkpoint.")

@@ -12,6 +12,7 @@ pool, a verifier must be importable (a module-level function) so workers can loa
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import math
 import re
@@ -20,7 +21,7 @@ from typing import Any
 
 __all__ = [
     "STATUSES", "VerifierFn", "register_verifier", "get_verifier", "registered_verifiers",
-    "normalize_output", "parse_leading_int", "exact_verifier",
+    "check_verifier", "unknown_verifier_message", "normalize_output", "parse_leading_int", "exact_verifier",
 ]
 
 STATUSES = ("ok", "wrong", "timeout", "error", "unparsable")
@@ -53,12 +54,31 @@ def _resolve(name: str, fn: VerifierFn | str) -> VerifierFn:
     return resolved
 
 
+def unknown_verifier_message(name: Any) -> str:
+    """Names the unknown verifier, the closest registered name, all of them and how to add one."""
+    known = sorted(registered_verifiers())
+    close = difflib.get_close_matches(str(name), known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return (f"Unknown verifier {name!r}{hint}; registered: {known}. Register it before the run starts with "
+            f"jaxrl_vr.verifiers.register_verifier({str(name)!r}, fn) where fn is a module-level function "
+            "(item, completion) -> score | (score, status), or an import path 'my_pkg.my_module:my_fn'.")
+
+
+def check_verifier(name: str, *, resolve: bool = False) -> None:
+    """Raises ValueError (naming the registered verifiers) unless `name` is registered.
+
+    Call it at start-up for every verifier a task uses, before any model is loaded. With
+    `resolve=True` an import-path verifier is also imported here (ValueError if it fails).
+    """
+    if not isinstance(name, str) or name not in registered_verifiers():
+        raise ValueError(unknown_verifier_message(name))
+    if resolve:
+        _resolve(name, _REGISTRY[name])
+
+
 def get_verifier(name: str) -> VerifierFn:
     """The callable registered under `name`; raises a ValueError listing the known names."""
-    _register_builtins()
-    if name not in _REGISTRY:
-        raise ValueError(f"Unknown verifier {name!r}; registered: {sorted(_REGISTRY)}. "
-                         "Register it with jaxrl_vr.verifiers.register_verifier(name, fn).")
+    check_verifier(name)
     return _resolve(name, _REGISTRY[name])
 
 

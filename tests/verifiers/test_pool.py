@@ -1,6 +1,8 @@
 """VerifierPool: deadlines, crashes and bad verifiers never stop scoring."""
 
+import json
 import os
+import subprocess
 import sys
 import time
 import types
@@ -10,7 +12,8 @@ import pytest
 
 from jaxrl_vr.tasks.arithmetic import make_items
 from jaxrl_vr.tasks.base import TaskItem
-from jaxrl_vr.verifiers import VerifierPool, register_verifier, score_serial
+from jaxrl_vr.verifiers import VerifierPool, VerifyResult, register_verifier, score_serial
+from jaxrl_vr.verifiers.pool import ErrorLog, ErrorStop
 
 
 def hang(item, completion):
@@ -73,7 +76,7 @@ def test_failures_are_scored_zero_and_counted(pool):
     elapsed = time.perf_counter() - start
     assert result.statuses == ["ok", "timeout", "error", "error", "error", "wrong"], result.errors
     np.testing.assert_array_equal(result.scores, [1, 0, 0, 0, 0, 0])
-    assert "verifier bug" in result.errors[2] and "worker died" in result.errors[3]
+    assert result.errors[2] == "RuntimeError: verifier bug" and result.errors[3].startswith("WorkerDied: worker died")
     assert elapsed < 1.0 + 5.0, elapsed  # one deadline (1 s) plus generous start-up of replacement workers
     counts = result.counts()
     assert counts == {"ok": 1, "wrong": 1, "timeout": 1, "error": 3, "unparsable": 0}
@@ -177,3 +180,96 @@ def test_verifier_that_cannot_load_in_workers_fails_only_its_items():
     finally:
         register_verifier("t_parent_only", "jaxrl_vr.verifiers.registry:exact_verifier", overwrite=True)
         del sys.modules[module.__name__]
+
+
+def test_errors_carry_type_and_message(pool):
+    items = [_item("t_boom"), _item("exact"), _item("t_crash"), _item("t_hang")]
+    result = pool.score(items, ["", "1", "", ""])
+    assert result.statuses == ["error", "ok", "error", "timeout"]
+    failures = result.failures()
+    assert [(i, kind) for i, kind, _ in failures] == [(0, "RuntimeError"), (2, "WorkerDied")]
+    assert failures[0][2] == "verifier bug"
+    assert result.errors[1] is None and "killed after" in result.errors[3]  # timeouts are not errors
+
+
+def _result(statuses, errors):
+    return VerifyResult(scores=np.zeros([len(statuses)], np.float32), statuses=statuses, errors=errors)
+
+
+def test_error_log_writes_first_errors_per_step(tmp_path):
+    path = tmp_path / "run" / "verifier_errors.jsonl"
+    log = ErrorLog(path, max_per_step=2, max_completion_chars=10)
+    items = [_item(f"v{k}") for k in range(4)]
+    completions = ["short", "x" * 50, "fine", "y"]
+    result = _result(["error", "error", "ok", "error"],
+                     ["ValueError: bad answer", "KeyError: 'k'", None, "ZeroDivisionError: division by zero"])
+    assert log.record(3, items, completions, result) == 3  # all counted, two written
+    assert log.record(4, items, completions, _result(["ok"] * 4, [None] * 4)) == 0
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert rows == [
+        {"step": 3, "index": 0, "item_id": "v0", "verifier": "v0", "type": "ValueError",
+         "message": "bad answer", "completion": "short"},
+        {"step": 3, "index": 1, "item_id": "v1", "verifier": "v1", "type": "KeyError",
+         "message": "'k'", "completion": "xxxxxxxxxx...[50 chars]"},
+    ]
+    log.record(5, items, completions, result)
+    resumed = ErrorLog(path, max_per_step=2, resume_step=4)  # step 5 is replayed after a resume
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [3, 3]
+    assert resumed.record(5, items[:1], completions[:1], _result(["error"], ["OSError: disk"])) == 1
+
+
+def test_error_log_from_a_real_verifier_exception(tmp_path):
+    path = tmp_path / "verifier_errors.jsonl"
+    result = score_serial([_item("t_boom"), _item("exact")], ["some completion", "1"])
+    assert ErrorLog(path).record(0, [_item("t_boom"), _item("exact")], ["some completion", "1"], result) == 1
+    (row,) = [json.loads(line) for line in path.read_text().splitlines()]
+    assert (row["type"], row["message"], row["item_id"], row["completion"]) == (
+        "RuntimeError", "verifier bug", "t_boom", "some completion")
+
+
+def test_error_stop_after_patience_failing_steps_in_a_row():
+    stop = ErrorStop(path="w/verifier_errors.jsonl")  # default: every sample, 3 steps in a row
+    assert [stop.update(8, 8), stop.update(8, 8), stop.update(7, 8), stop.update(8, 8), stop.update(8, 8)] == [
+        False, False, False, False, False]  # the partly-failing step resets the count
+    assert stop.update(8, 8) is True
+    assert "w/verifier_errors.jsonl" in stop.message and "8/8" in stop.message and "3 steps" in stop.message
+    half = ErrorStop(max_fraction=0.5, patience=1)
+    assert half.update(3, 8) is False and half.update(4, 8) is True
+    assert ErrorStop(patience=1).update(0, 0) is False  # an empty step never counts as failing
+    for bad in [dict(max_fraction=0.0), dict(max_fraction=1.5), dict(patience=0)]:
+        with pytest.raises(ValueError):
+            ErrorStop(**bad)
+
+
+def test_unknown_verifier_suggests_the_close_name(pool):
+    with pytest.raises(ValueError, match="did you mean 'exact'") as info:
+        pool.score([_item("exactt")], ["1"])
+    assert "register_verifier('exactt'" in str(info.value)
+
+
+_POOL_SCRIPT = """
+from jaxrl_vr.tasks.arithmetic import make_items
+from jaxrl_vr.verifiers import VerifierPool
+
+def main():
+    with VerifierPool(1, timeout_s=5.0, inline=(), start_method="{start_method}") as pool:
+        print("statuses", pool.score(make_items(0, 2), ["1", "2"]).statuses)
+"""
+
+
+@pytest.mark.parametrize("guarded, start_method", [(False, "forkserver"), (False, "spawn"), (True, "forkserver")])
+def test_script_without_main_guard_is_told_so(tmp_path, guarded, start_method):
+    script = tmp_path / "user_script.py"
+    script.write_text(_POOL_SCRIPT.format(start_method=start_method) + ('if __name__ == "__main__":\n    main()\n' if guarded else "main()\n"))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": repo}
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    if guarded:
+        assert proc.returncode == 0, proc.stderr
+        assert "statuses" in proc.stdout
+    else:
+        assert proc.returncode != 0
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last.startswith("jaxrl_vr.verifiers.pool.MainGuardError:"), proc.stderr[-2000:]
+        assert 'if __name__ == "__main__":' in last and str(script) in last

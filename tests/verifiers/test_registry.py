@@ -62,3 +62,27 @@ def test_normalize_output(output, expected):
 def test_normalize_output_rejects(output):
     with pytest.raises((TypeError, ValueError)):
         registry.normalize_output(output)
+
+
+def test_check_verifier_names_the_registered_ones_and_the_fix():
+    registry.check_verifier("exact")  # built-in: fine
+    registry.check_verifier("math")
+    with pytest.raises(ValueError) as info:
+        registry.check_verifier("maths")
+    message = str(info.value)
+    assert "Unknown verifier 'maths'" in message and "did you mean 'math'?" in message
+    for name in ("exact", "math", "code"):
+        assert repr(name) in message
+    assert "register_verifier('maths', fn)" in message and "'my_pkg.my_module:my_fn'" in message
+    with pytest.raises(ValueError, match="Unknown verifier 'zzz'; registered"):  # nothing close: no hint
+        registry.check_verifier("zzz")
+    with pytest.raises(ValueError, match="Unknown verifier None"):
+        registry.check_verifier(None)
+
+
+def test_check_verifier_resolve_imports_the_path():
+    registry.register_verifier("test_check_bad_path", "no_such_module_xyz:fn", overwrite=True)
+    registry.check_verifier("test_check_bad_path")  # registered: enough without resolve
+    with pytest.raises(ValueError, match="cannot import 'no_such_module_xyz:fn'"):
+        registry.check_verifier("test_check_bad_path", resolve=True)
+    registry.check_verifier("exact", resolve=True)
