@@ -1,30 +1,70 @@
-"""Evaluation: pass@k curves per regime, reports and plots (SPEC §6)."""
+"""Evaluation: pass@k curves per regime, chance baselines, reports and plots (SPEC §6)."""
 
 from jaxrl_vr.eval.budget import compare_at_equal_budget, metric_at_budget, metric_vs_tokens
+from jaxrl_vr.eval.chunks import ChunkStore, fingerprint_digest
+from jaxrl_vr.eval.evaluation import (
+    DEFINITIONS,
+    REGIME_N,
+    PolicyResult,
+    build_evaluation,
+    evaluation_markdown,
+    write_evaluation,
+)
+from jaxrl_vr.eval.inversion import (
+    InversionCounts,
+    inversion_counts,
+    inversion_report,
+    poisson_binomial_pmf,
+    survival_estimate,
+)
 from jaxrl_vr.eval.passk_eval import headline_ks, mean_passk_curve, passk_report
 from jaxrl_vr.eval.plots import (
+    plot_bars,
+    plot_delta_by_regime,
     plot_passk,
     plot_passk_curves,
+    plot_prompt_scatter,
     plot_regimes,
     plot_training_curves,
     read_metrics_jsonl,
 )
 from jaxrl_vr.eval.report import format_table, to_jsonable, write_report, write_report_md, write_summary
+from jaxrl_vr.eval.seeds import PairedDifference, SeedSummary, paired_difference, seed_summary
 
 __all__ = [
+    "ChunkStore",
+    "DEFINITIONS",
+    "InversionCounts",
+    "PairedDifference",
+    "PolicyResult",
+    "REGIME_N",
+    "SeedSummary",
+    "build_evaluation",
     "compare_at_equal_budget",
+    "evaluation_markdown",
+    "fingerprint_digest",
     "format_table",
     "headline_ks",
+    "inversion_counts",
+    "inversion_report",
     "mean_passk_curve",
     "metric_at_budget",
     "metric_vs_tokens",
+    "paired_difference",
     "passk_report",
+    "plot_bars",
+    "plot_delta_by_regime",
     "plot_passk",
     "plot_passk_curves",
+    "plot_prompt_scatter",
     "plot_regimes",
     "plot_training_curves",
+    "poisson_binomial_pmf",
     "read_metrics_jsonl",
+    "seed_summary",
+    "survival_estimate",
     "to_jsonable",
+    "write_evaluation",
     "write_report",
     "write_report_md",
     "write_summary",

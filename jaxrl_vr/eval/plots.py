@@ -22,7 +22,14 @@ __all__ = [
     "plot_passk_curves",
     "plot_regimes",
     "plot_training_curves",
+    "plot_delta_by_regime",
+    "plot_prompt_scatter",
+    "plot_bars",
 ]
+
+
+_LINESTYLES = ("-", "--", ":", "-.")
+_MARKERS = ("o", "s", "^", "D", "v", "x")
 
 
 def _save(fig: Figure, path: str | os.PathLike) -> pathlib.Path:
@@ -47,11 +54,23 @@ def plot_passk_curves(
     ks = np.asarray(ks, np.float64)
     fig = Figure(figsize=(5.5, 4.0))
     ax = fig.add_subplot(1, 1, 1)
-    for label, curve in curves.items():
+    # Later curves are drawn thinner, dashed and with hollow markers on top of earlier
+    # ones, so curves that coincide (an unchanged policy) stay visible as distinct lines.
+    for i, (label, curve) in enumerate(curves.items()):
         curve = np.asarray(curve, np.float64)
         if curve.shape != ks.shape:
             raise ValueError(f"curve '{label}' has shape {curve.shape}, ks {ks.shape}.")
-        ax.plot(ks, curve, marker="o" if ks.size <= 16 else None, markersize=3, label=label)
+        ax.plot(
+            ks,
+            curve,
+            linestyle=_LINESTYLES[i % len(_LINESTYLES)],
+            linewidth=max(3.2 - 0.8 * i, 1.0),
+            marker=_MARKERS[i % len(_MARKERS)] if ks.size <= 16 else None,
+            markersize=max(7 - 1.5 * i, 3),
+            markerfacecolor="none" if i else None,
+            zorder=2 + i,
+            label=label,
+        )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("k")
     ax.set_ylabel("pass@k")
@@ -183,3 +202,97 @@ def plot_training_curves(
         ax.grid(True, alpha=0.3)
     return _save(fig, path)
 
+
+
+def plot_delta_by_regime(
+    report: Mapping[str, Any],
+    path: str | os.PathLike,
+    *,
+    title: str = "Δpass@k (trained − base) by base regime",
+) -> pathlib.Path:
+    """Δpass@k vs k (log-x), one line per non-empty regime plus all prompts.
+
+    Args:
+      report: ``passk_report`` output.
+    """
+    ks = np.asarray(report["ks"], np.float64)
+    fig = Figure(figsize=(5.8, 4.0))
+    ax = fig.add_subplot(1, 1, 1)
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.plot(ks, report["pass_at_k"]["delta"], color="black", linewidth=2.2,
+            label=f"all ({report['num_prompts']})")
+    for i, (name, reg) in enumerate(report["regimes"].items()):
+        if reg["delta"] is None:
+            continue
+        ax.plot(ks, reg["delta"], linestyle=_LINESTYLES[(i + 1) % len(_LINESTYLES)],
+                marker=_MARKERS[i % len(_MARKERS)] if ks.size <= 16 else None, markersize=4,
+                label=f"{name} ({reg['count']})")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k")
+    ax.set_ylabel("Δpass@k")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def plot_prompt_scatter(
+    base_rate_p: Sequence[float],
+    trained_rate_p: Sequence[float],
+    path: str | os.PathLike,
+    *,
+    groups_p: Sequence[str] | None = None,
+    title: str = "per-prompt pass rate: base vs trained",
+    labels: tuple[str, str] = ("base pass rate", "trained pass rate"),
+) -> pathlib.Path:
+    """One point per prompt (base rate, trained rate) with the diagonal; colour by group."""
+    base = np.asarray(base_rate_p, np.float64)
+    trained = np.asarray(trained_rate_p, np.float64)
+    if base.shape != trained.shape or base.ndim != 1:
+        raise ValueError(f"rates must be equal-length 1-D, got {base.shape} and {trained.shape}.")
+    groups = np.asarray(["prompts"] * base.size if groups_p is None else list(groups_p))
+    fig = Figure(figsize=(4.8, 4.6))
+    ax = fig.add_subplot(1, 1, 1)
+    ax.plot([0, 1], [0, 1], color="grey", linewidth=0.8, zorder=1)
+    for i, name in enumerate(dict.fromkeys(groups.tolist())):
+        sel = groups == name
+        ax.scatter(base[sel], trained[sel], s=16, alpha=0.7, marker=_MARKERS[i % len(_MARKERS)],
+                   label=f"{name} ({int(sel.sum())})", zorder=2)
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel(labels[0])
+    ax.set_ylabel(labels[1])
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def plot_bars(
+    values: Mapping[str, Mapping[str, float]],
+    path: str | os.PathLike,
+    *,
+    errors: Mapping[str, Mapping[str, float]] | None = None,
+    title: str = "",
+    ylabel: str = "",
+) -> pathlib.Path:
+    """Grouped bars: values[series][group] (e.g. method → regime → pass@k) ± errors."""
+    series = list(values)
+    groups = list(dict.fromkeys(g for s in series for g in values[s]))
+    fig = Figure(figsize=(1.4 + 1.3 * len(groups) * max(1, len(series)) / 2, 3.8))
+    ax = fig.add_subplot(1, 1, 1)
+    x = np.arange(len(groups))
+    width = 0.8 / max(len(series), 1)
+    for i, name in enumerate(series):
+        heights = [values[name].get(g, np.nan) for g in groups]
+        errs = None if errors is None else [errors.get(name, {}).get(g, np.nan) for g in groups]
+        errs = None if errs is None else np.nan_to_num(np.asarray(errs, np.float64), nan=0.0)
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, np.nan_to_num(heights), width=width,
+               yerr=errs, capsize=3, label=name)
+    ax.set_xticks(x)
+    ax.set_xticklabels(groups, fontsize=7)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)

@@ -3,11 +3,17 @@
 These counts feed the unbiased pass@k estimator (``jaxrl_vr.passk``) and the regime
 report (``jaxrl_vr.eval.passk_report``). Prompts are processed in fixed-size chunks
 (the last one padded by repetition) so the sampler compiles once.
+
+``evaluate_policy`` is the resumable form used by ``experiments.evaluate``: chunk c's
+sample block j draws with ``fold_in(fold_in(key, c), j)``, so a chunk's samples do not
+depend on which chunks ran before it, and finished chunks live in a ``ChunkStore``
+(an interrupted evaluation continues where it stopped and ends with the same numbers).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import sys
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -103,3 +109,183 @@ def count_successes(
         "statuses": statuses,
         "mean_length": float(np.concatenate(lengths).mean()),
     }
+
+
+class PromptStats(NamedTuple):
+    """Per-prompt sums over a policy's n samples (host NumPy).
+
+    Attributes:
+      counts_p: int64 [P] correct samples.
+      length_sum_p: int64 [P] response tokens (including the stop token) over all samples.
+      neg_logp_sum_p: float64 [P] Σ −log π(y_t | prefix) over those tokens (untempered
+        policy); divided by ``length_sum_p`` it is a Monte-Carlo estimate of the per-token
+        entropy at temperature 1.
+      truncated_p: int64 [P] samples that hit ``max_new_tokens`` without a stop token.
+    """
+
+    counts_p: np.ndarray
+    length_sum_p: np.ndarray
+    neg_logp_sum_p: np.ndarray
+    truncated_p: np.ndarray
+
+
+class EvalLayout(NamedTuple):
+    """How n samples of P prompts are cut into sampler calls (part of the fingerprint)."""
+
+    prompts_per_chunk: int  # prompts of one chunk (the last chunk is padded by repetition)
+    samples_per_call: int  # samples per prompt of one sampler call (divides n)
+    num_chunks: int
+
+
+def eval_layout(num_prompts: int, num_samples: int, *, responses_per_call: int = 640) -> EvalLayout:
+    """Chunks of about ``responses_per_call`` responses; n is split when it exceeds that."""
+    if num_prompts < 1 or num_samples < 1 or responses_per_call < 1:
+        raise ValueError(
+            f"need num_prompts, num_samples, responses_per_call >= 1, got {num_prompts}, "
+            f"{num_samples}, {responses_per_call}."
+        )
+    per_call = max(d for d in range(1, min(num_samples, responses_per_call) + 1) if num_samples % d == 0)
+    prompts = min(num_prompts, max(1, responses_per_call // num_samples))
+    return EvalLayout(prompts, per_call, -(-num_prompts // prompts))
+
+
+class PolicyEval(NamedTuple):
+    """Result of ``evaluate_policy``: per-prompt sums and whether every chunk is done."""
+
+    stats: PromptStats | None  # None until complete
+    num_samples: int
+    chunks_done: int
+    num_chunks: int
+    chunks_computed: int  # chunks sampled by this call (the rest came from the store)
+
+    @property
+    def complete(self) -> bool:
+        return self.chunks_done == self.num_chunks
+
+
+def _sample_chunk(model, tokenizer, items, *, layout, num_samples, max_new_tokens, key, temperature,
+                  prompt_width, chat, scorer, success_threshold) -> dict:
+    from jaxrl_vr.sampling import generate
+
+    real = len(items)
+    padded = items + [items[-1]] * (layout.prompts_per_chunk - real)
+    tokens_ps, mask_ps = encode_prompts(tokenizer, [it.prompt for it in padded], prompt_width, chat=chat)
+    per_call = layout.samples_per_call
+    counts = np.zeros(real, np.int64)
+    length_sum = np.zeros(real, np.int64)
+    neg_logp_sum = np.zeros(real, np.float64)
+    truncated = np.zeros(real, np.int64)
+    for block in range(num_samples // per_call):
+        rollout = generate(
+            jax.random.fold_in(key, block),
+            model,
+            tokens_ps,
+            mask_ps,
+            num_samples=per_call,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            stop_token_ids=(tokenizer.eos_id,),
+            pad_id=tokenizer.pad_id or 0,
+        )
+        keep = real * per_call
+        tokens_bt = np.asarray(rollout.tokens_bt)[:keep]
+        mask_bt = np.asarray(rollout.mask_bt, bool)[:keep]
+        logp_bt = np.asarray(rollout.logp_bt, np.float64)[:keep]
+        texts = decode_responses(tokenizer, tokens_bt, mask_bt)
+        result = scorer([it for it in items for _ in range(per_call)], texts)
+        ok_pg = (np.asarray(result.scores) >= success_threshold).reshape(real, per_call)
+        counts += ok_pg.sum(axis=1)
+        length_sum += mask_bt.sum(axis=1).reshape(real, per_call).sum(axis=1)
+        neg_logp_sum += -np.where(mask_bt, logp_bt, 0.0).sum(axis=1).reshape(real, per_call).sum(axis=1)
+        truncated += np.asarray(rollout.truncated_b, bool)[:keep].reshape(real, per_call).sum(axis=1)
+    return {"counts": counts, "length_sum": length_sum, "neg_logp_sum": neg_logp_sum, "truncated": truncated}
+
+
+def evaluate_policy(
+    model,
+    tokenizer,
+    items: Sequence,
+    *,
+    num_samples: int,
+    max_new_tokens: int,
+    key: jax.Array,
+    temperature: float = 1.0,
+    layout: EvalLayout | None = None,
+    prompt_width: int | None = None,
+    chat: bool = False,
+    scorer: Callable | None = None,
+    success_threshold: float = 0.5,
+    store=None,
+    max_chunks: int | None = None,
+    progress: bool = False,
+    desc: str = "eval",
+) -> PolicyEval:
+    """n samples per prompt, chunked and resumable; per-prompt counts, lengths, entropy.
+
+    Args:
+      model, tokenizer, items: the policy and the prompts (TaskItems).
+      num_samples: n per prompt.
+      max_new_tokens: response cap.
+      key: PRNG key of this evaluation (chunk c, sample block j use fold_in(fold_in(key, c), j)).
+      temperature: sampling temperature.
+      layout: chunking (default ``eval_layout(len(items), num_samples)``); results depend
+        on it, so keep it in the store's fingerprint.
+      prompt_width: fixed prompt width (default: the longest prompt).
+      chat: wrap prompts in the chat template.
+      scorer: ``score(items, completions) -> VerifyResult``; default in-process scoring.
+      success_threshold: a sample is correct when its score is >= this.
+      store: optional ``jaxrl_vr.eval.ChunkStore``: finished chunks are read from it and
+        new ones written to it.
+      max_chunks: compute at most this many new chunks, then return (incomplete).
+      progress: show a tqdm bar over chunks (stderr).
+      desc: the bar's label.
+
+    Returns:
+      PolicyEval; ``stats`` is None while chunks are missing.
+    """
+    if scorer is None:
+        from jaxrl_vr.verifiers.pool import score_serial
+
+        scorer = score_serial
+    items = list(items)
+    if not items:
+        raise ValueError("evaluate_policy needs at least one item.")
+    layout = layout or eval_layout(len(items), num_samples)
+    if num_samples % layout.samples_per_call:
+        raise ValueError(f"layout.samples_per_call={layout.samples_per_call} must divide n={num_samples}.")
+    width = prompt_width or encode_prompts(tokenizer, [it.prompt for it in items], chat=chat)[0].shape[1]
+    done = store.done() if store is not None else set()
+    results: dict[int, dict] = {}
+    todo = [c for c in range(layout.num_chunks) if c not in done]
+    if max_chunks is not None:
+        todo = todo[: max(0, int(max_chunks))]
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=layout.num_chunks, initial=len(done & set(range(layout.num_chunks))), desc=desc,
+               unit="chunk", disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    try:
+        for chunk in todo:
+            part = items[chunk * layout.prompts_per_chunk : (chunk + 1) * layout.prompts_per_chunk]
+            result = _sample_chunk(
+                model, tokenizer, part, layout=layout, num_samples=num_samples,
+                max_new_tokens=max_new_tokens, key=jax.random.fold_in(key, chunk),
+                temperature=temperature, prompt_width=width, chat=chat, scorer=scorer,
+                success_threshold=success_threshold,
+            )
+            if store is not None:
+                store.save(chunk, result)
+            results[chunk] = result
+            bar.update(1)
+    finally:
+        bar.close()
+    finished = done | set(results)
+    if len(finished) < layout.num_chunks:
+        return PolicyEval(None, num_samples, len(finished), layout.num_chunks, len(results))
+    parts = [results[c] if c in results else store.load(c) for c in range(layout.num_chunks)]
+    stats = PromptStats(
+        counts_p=np.concatenate([p["counts"] for p in parts]).astype(np.int64),
+        length_sum_p=np.concatenate([p["length_sum"] for p in parts]).astype(np.int64),
+        neg_logp_sum_p=np.concatenate([p["neg_logp_sum"] for p in parts]).astype(np.float64),
+        truncated_p=np.concatenate([p["truncated"] for p in parts]).astype(np.int64),
+    )
+    return PolicyEval(stats, num_samples, layout.num_chunks, layout.num_chunks, len(results))

@@ -1,0 +1,254 @@
+"""Reading a finished (or running) pipeline workdir: the one place that knows its layout.
+
+Everything that evaluates or compares runs goes through ``load_run`` and
+``read_run_stats``, so a change of the workdir layout is a change of this file only.
+Layout read here (written by ``jaxrl_vr.train.pipeline.run_pipeline``):
+
+  config.json              PipelineConfig.to_dict()
+  base/                    Checkpointer: SFT base params (host {"digest", "info"})
+  base_calibration.json    {"counts": [P], "n": n_cal, ...} independent base samples
+  checkpoints/             Checkpointer: {"train": TrainState, "key", "curverl"} + host
+  summary.json             written when the run (RL + final evaluation) is complete
+  metrics.jsonl            per-step metrics (budget/* fields, cumulative)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+from flax import nnx
+
+__all__ = [
+    "CheckpointNotFoundError",
+    "LoadedRun",
+    "RunNotFoundError",
+    "RunStats",
+    "checkpoint_steps",
+    "load_run",
+    "read_run_stats",
+]
+
+
+class RunNotFoundError(FileNotFoundError):
+    """The workdir does not exist or holds no pipeline run (no config.json)."""
+
+
+class CheckpointNotFoundError(FileNotFoundError):
+    """The requested checkpoint is not in the workdir."""
+
+
+class LoadedRun(NamedTuple):
+    """A policy of a run, with everything needed to evaluate it like the run did.
+
+    Attributes:
+      config: the run's PipelineConfig.
+      model: the policy (Decoder) with the checkpoint's params.
+      tokenizer: the run's tokenizer.
+      eval_items: held-out TaskItems (the run's evaluation prompts, fixed order).
+      base_calibration_counts: int64 [P] correct base samples of the independent
+        calibration cache, or None when the run has none.
+      calibration_n: samples per prompt of that cache (0 when None).
+      max_new_tokens: the run's response cap.
+      temperature: the run's evaluation temperature.
+      chat: whether prompts are wrapped in the chat template.
+      step: RL step of the params (0 for the base).
+    """
+
+    config: Any
+    model: Any
+    tokenizer: Any
+    eval_items: list
+    base_calibration_counts: np.ndarray | None
+    calibration_n: int
+    max_new_tokens: int
+    temperature: float
+    chat: bool
+    step: int
+
+
+class RunStats(NamedTuple):
+    """Cost of a run, for comparisons at an equal budget.
+
+    Attributes:
+      complete: the run finished (summary.json written).
+      rl_steps: RL steps done.
+      generated_tokens: rollout tokens sampled by RL (cumulative over resumes).
+      trained_tokens: tokens that entered the loss.
+      rl_time_s: RL wall time (cumulative over resumes).
+      wall_time_s: wall time of the process that finished the run (SFT, base evaluation,
+        RL and final evaluation; NaN while running).
+    """
+
+    complete: bool
+    rl_steps: int
+    generated_tokens: float
+    trained_tokens: float
+    rl_time_s: float
+    wall_time_s: float
+
+
+def _workdir(workdir: str | os.PathLike) -> str:
+    workdir = os.path.abspath(os.fspath(workdir))
+    if not os.path.isdir(workdir):
+        raise RunNotFoundError(f"workdir {workdir} does not exist; pass the --workdir of a training run.")
+    if not os.path.isfile(os.path.join(workdir, "config.json")):
+        raise RunNotFoundError(
+            f"workdir {workdir} has no config.json: it is not a run written by experiments.train."
+        )
+    return workdir
+
+
+def _complete_steps(directory: str) -> list[int]:
+    """Complete orbax step directories (a committed step has no tmp suffix)."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+
+
+def checkpoint_steps(workdir: str | os.PathLike) -> list[int]:
+    """RL steps with a saved checkpoint, ascending."""
+    return _complete_steps(os.path.join(_workdir(workdir), "checkpoints"))
+
+
+def _parse_checkpoint(checkpoint: str | int) -> str | int:
+    if isinstance(checkpoint, (int, np.integer)):
+        return int(checkpoint)
+    text = str(checkpoint).strip().lower()
+    if text in ("final", "base"):
+        return text
+    if text.isdigit():
+        return int(text)
+    raise ValueError(f"checkpoint must be 'final', 'base' or an RL step number, got {checkpoint!r}.")
+
+
+def load_run(workdir: str | os.PathLike, checkpoint: str | int = "final") -> LoadedRun:
+    """The run's policy at ``checkpoint`` with its evaluation prompts and settings.
+
+    Args:
+      workdir: the run directory.
+      checkpoint: "final" (the newest RL checkpoint), "base" (the SFT base) or an RL step.
+
+    Raises:
+      RunNotFoundError: no such run.
+      CheckpointNotFoundError: no such checkpoint (the message lists those available).
+    """
+    from jaxrl_vr import advantages as adv_lib
+    from jaxrl_vr.train import pipeline
+    from jaxrl_vr.train.optim import make_optimizer
+    from jaxrl_vr.train.step import init_train_state, split_model
+
+    workdir = _workdir(workdir)
+    which = _parse_checkpoint(checkpoint)
+    with open(os.path.join(workdir, "config.json")) as f:
+        cfg = pipeline.PipelineConfig.from_dict(json.load(f))
+    base_dir = os.path.join(workdir, "base")
+    ckpt_dir = os.path.join(workdir, "checkpoints")
+    steps = _complete_steps(ckpt_dir)
+    if which == "base":
+        if not _complete_steps(base_dir):
+            raise CheckpointNotFoundError(f"workdir {workdir} has no base checkpoint (base/ is missing or empty).")
+    else:
+        if not steps:
+            raise CheckpointNotFoundError(
+                f"workdir {workdir} has no RL checkpoint yet; evaluate --checkpoint=base or train first."
+            )
+        if which == "final":
+            which = steps[-1]
+        if which not in steps:
+            raise CheckpointNotFoundError(
+                f"workdir {workdir} has no checkpoint at step {which}; available: {steps} (or base, final)."
+            )
+
+    tokenizer = pipeline.make_tokenizer()
+    _, eval_items, _ = pipeline.make_items(cfg)
+    model = pipeline.make_model(cfg.model, tokenizer, cfg.seed)
+    _, params, _ = split_model(model)
+    from jaxrl_vr.train.checkpoint import Checkpointer
+
+    if which == "base":
+        ckpt = Checkpointer(base_dir, max_to_keep=None)
+        try:
+            params, _, _ = ckpt.restore(params)
+        finally:
+            ckpt.close()
+        step = 0
+    else:
+        template = {
+            "train": init_train_state(params, make_optimizer(cfg.optim), cfg.loss),
+            "key": jax.random.key_data(jax.random.key(0)),
+            "curverl": (
+                adv_lib.curverl_init(cfg.rl.prompts_per_step, window=cfg.rl.curverl_window)
+                if cfg.rl.advantage == "curverl"
+                else ()
+            ),
+        }
+        ckpt = Checkpointer(ckpt_dir, max_to_keep=None)
+        try:
+            state, _, step = ckpt.restore(template, which)
+        finally:
+            ckpt.close()
+        params = state["train"].params
+    nnx.update(model, params)
+
+    calibration_counts, calibration_n = None, 0
+    path = os.path.join(workdir, "base_calibration.json")
+    if cfg.eval.base_calibration_samples > 0 and os.path.isfile(path):
+        with open(path) as f:
+            stored = json.load(f)
+        calibration_counts = np.asarray(stored["counts"], np.int64)
+        calibration_n = int(stored.get("n", cfg.eval.base_calibration_samples))
+        if calibration_counts.shape != (len(eval_items),):
+            calibration_counts, calibration_n = None, 0
+    return LoadedRun(
+        config=cfg,
+        model=model,
+        tokenizer=tokenizer,
+        eval_items=list(eval_items),
+        base_calibration_counts=calibration_counts,
+        calibration_n=calibration_n,
+        max_new_tokens=int(cfg.rl.max_new_tokens),
+        temperature=float(cfg.eval.temperature),
+        chat=False,
+        step=int(step),
+    )
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return float("nan")
+
+
+def read_run_stats(workdir: str | os.PathLike) -> RunStats:
+    """Token and time cost of a run, from summary.json (complete) or metrics.jsonl (running)."""
+    workdir = _workdir(workdir)
+    summary_path = os.path.join(workdir, "summary.json")
+    if os.path.isfile(summary_path):
+        with open(summary_path) as f:
+            summary = json.load(f)
+        budget = summary.get("budget", {})
+        return RunStats(
+            complete=True,
+            rl_steps=int(summary.get("rl_steps", 0)),
+            generated_tokens=_number(budget.get("generated_tokens")),
+            trained_tokens=_number(budget.get("trained_tokens")),
+            rl_time_s=_number(budget.get("total_s")),
+            wall_time_s=_number(summary.get("wall_time_s", {}).get("total")),
+        )
+    from jaxrl_vr.eval.plots import read_metrics_jsonl
+
+    metrics_path = os.path.join(workdir, "metrics.jsonl")
+    rows = read_metrics_jsonl(metrics_path) if os.path.isfile(metrics_path) else []
+    last = rows[-1] if rows else {}
+    return RunStats(
+        complete=False,
+        rl_steps=int(last.get("step", 0)),
+        generated_tokens=_number(last.get("budget/generated_tokens", 0.0)),
+        trained_tokens=_number(last.get("budget/trained_tokens", 0.0)),
+        rl_time_s=_number(last.get("budget/total_s", 0.0)),
+        wall_time_s=float("nan"),
+    )
