@@ -30,6 +30,77 @@ DEFAULT_CHUNK_ELEMENTS = 1 << 24
 """Auto chunking budget: float32 elements of one [B, chunk, V] logits chunk (64 MiB)."""
 
 
+def mixed_einsum(spec: str, x: jax.Array, y: jax.Array, *, dtype: Any = jnp.float32,
+                 precision: jax.lax.PrecisionLike = None) -> jax.Array:
+    """Two-operand einsum with operands cast to `dtype` and float32 accumulation and output.
+
+    The mixed-precision matmul of the house policy (STYLE.md "Precision"): operands are cast
+    to `dtype` (bfloat16 for mixed precision) *inside* the function and the product is
+    accumulated and returned in float32 (`preferred_element_type=float32`, XLA's fast bf16
+    path on CPUs with AVX512-BF16/AMX and the native one on GPU/TPU). The backward pass is
+    written out (custom VJP) so it stays on that path too: the float32 cotangent g is cast
+    to `dtype` and both gradients are bf16·bf16 dots accumulated in float32,
+        dx = einsum(out, y -> x)(g, y),   dy = einsum(x, out -> y)(x, g),
+    returned in the dtypes of x and y (float32 master weights get a float32 gradient, never
+    one rounded to bf16). JAX's own transpose would instead form float32 × bf16 dots (a
+    float32 matmul after an upcast) and round the weight gradient to the operand dtype.
+
+    With `dtype` float32 this is exactly `jnp.einsum(spec, x, y)` in float32.
+
+    Args:
+      spec: "xsub,ysub->outsub" without ellipsis; every index of x must appear in y or the
+        output, and likewise for y (no index summed within a single operand).
+      x, y: floating arrays of any float dtype.
+      dtype: operand (compute) dtype.
+      precision: passed to the float32 einsum only.
+
+    Returns:
+      float32 array of the output shape.
+    """
+    dtype = jnp.dtype(dtype)
+    if dtype == jnp.float32:
+        return jnp.einsum(spec, x.astype(dtype), y.astype(dtype), precision=precision,
+                          preferred_element_type=jnp.float32)
+    _split_spec(spec)  # Validate before tracing the custom VJP.
+    return _mixed_einsum(spec, dtype, jnp.dtype(x.dtype), jnp.dtype(y.dtype), x, y)
+
+
+def _split_spec(spec: str) -> tuple[str, str, str]:
+    inputs, out = spec.replace(" ", "").split("->")
+    x_sub, y_sub = inputs.split(",")
+    if "." in spec or not set(x_sub) <= set(y_sub + out) or not set(y_sub) <= set(x_sub + out):
+        raise ValueError(f"mixed_einsum needs 'x,y->out' without ellipsis and without indices "
+                         f"summed within one operand; got {spec!r}.")
+    return x_sub, y_sub, out
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _mixed_einsum(spec, dtype, x_dtype, y_dtype, x, y):
+    return _mixed_einsum_fwd(spec, dtype, x_dtype, y_dtype, x, y)[0]
+
+
+def _mixed_einsum_fwd(spec, dtype, x_dtype, y_dtype, x, y):
+    x_c, y_c = x.astype(dtype), y.astype(dtype)
+    return jnp.einsum(spec, x_c, y_c, preferred_element_type=jnp.float32), (x_c, y_c)
+
+
+def _mixed_einsum_bwd(spec, dtype, x_dtype, y_dtype, residuals, g):
+    x_sub, y_sub, out = _split_spec(spec)
+    x_c, y_c = residuals
+    g_c = g.astype(dtype)
+    dx = jnp.einsum(f"{out},{y_sub}->{x_sub}", g_c, y_c, preferred_element_type=jnp.float32)
+    dy = jnp.einsum(f"{x_sub},{out}->{y_sub}", x_c, g_c, preferred_element_type=jnp.float32)
+    return dx.astype(x_dtype), dy.astype(y_dtype)
+
+
+_mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
+
+
+def narrower_float(*dtypes: Any) -> jnp.dtype:
+    """The least precise of the given float dtypes by mantissa bits (bf16 < f16 < f32)."""
+    return min((jnp.dtype(d) for d in dtypes), key=lambda d: jnp.finfo(d).nmant)
+
+
 def auto_chunk_size(batch: int, length: int, vocab: int, *,
                     budget_elements: int = DEFAULT_CHUNK_ELEMENTS) -> int:
     """Largest time chunk whose float32 [batch, chunk, vocab] logits fit `budget_elements`.
@@ -232,12 +303,13 @@ def token_logprobs_from_hidden(
 ) -> tuple[jax.Array, jax.Array | None]:
     """float32 log π(token) (and entropy) from final hidden states, never forming [B, T, V].
 
-    Per time chunk c: z_bcv = hidden_bcd @ unembed_dv accumulated in float32
-    (`preferred_element_type=float32`, so bf16 inputs are fine), then
+    Per time chunk c: z_bcv = hidden_bcd @ unembed_dv with operands in the narrower of the
+    two dtypes and float32 accumulation (`mixed_einsum`: bf16 hidden states and a float32
+    master unembedding give a bf16 matmul and a float32 gradient), then
     log π = z[y] − logsumexp(z) and, optionally, H = −Σ_v p_v log p_v. Each chunk body is
     under `jax.checkpoint`: the backward pass recomputes one chunk's logits at a time, so
-    peak memory is O(B · chunk · V) instead of O(B · T · V). (With a bf16 unembedding its
-    gradient is summed over chunks in bf16.)
+    peak memory is O(B · chunk · V) instead of O(B · T · V). (With bf16 *parameters* the
+    unembedding gradient is summed over chunks in bf16.)
 
     Args:
         hidden_btd: [B, T, D] final (normed) hidden states; position t scores token_bt[:, t].
@@ -264,10 +336,15 @@ def token_logprobs_from_hidden(
         chunk_size = auto_chunk_size(batch, length, vocab)
     _check_chunk_size(chunk_size)
 
+    # Mixed precision: the matmul runs in the narrower of the two dtypes (bf16 hidden states
+    # from a bf16-compute decoder and float32 master weights -> bf16 operands, float32
+    # accumulation, float32 weight gradient); float32 x float32 stays a float32 einsum.
+    compute_dtype = narrower_float(hidden_btd.dtype, unembed_dv.dtype)
+
     def chunk_fn(hidden_bcd, tokens_bc):
-        logits_bcv = jnp.einsum("bcd,dv->bcv", hidden_bcd, unembed_dv,
-                                preferred_element_type=jnp.float32, precision=precision)
-        return _logprob_and_entropy(logits_bcv.astype(jnp.float32), tokens_bc, with_entropy)
+        logits_bcv = mixed_einsum("bcd,dv->bcv", hidden_bcd, unembed_dv, dtype=compute_dtype,
+                                  precision=precision)
+        return _logprob_and_entropy(logits_bcv, tokens_bc, with_entropy)
 
     return map_time_chunks(chunk_fn, (hidden_btd, tokens_bt), chunk_size)
 

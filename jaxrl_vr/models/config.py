@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 _PARAM_DTYPES = ("float32", "bfloat16")
+COMPUTE_DTYPES = ("float32", "bfloat16")
 _LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -56,12 +57,16 @@ class DecoderConfig:
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
     model_type: str = "llama"
+    compute_dtype: str | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "rope_scaling", _freeze(self.rope_scaling) or None)
         object.__setattr__(self, "eos_token_id", _freeze(self.eos_token_id))
         if self.param_dtype not in _PARAM_DTYPES:
             raise ValueError(f"param_dtype={self.param_dtype!r}; expected one of {_PARAM_DTYPES}.")
+        if self.compute_dtype is not None and self.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"compute_dtype={self.compute_dtype!r}; expected one of {COMPUTE_DTYPES} "
+                             "or None (= param_dtype).")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                     f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads} (GQA)."
@@ -83,6 +88,11 @@ class DecoderConfig:
     def rope_scaling_dict(self) -> dict[str, Any] | None:
         """rope_scaling as a plain dict (or None)."""
         return None if self.rope_scaling is None else dict(self.rope_scaling)
+
+    @property
+    def matmul_dtype(self) -> str:
+        """The dtype matmul operands are cast to: `compute_dtype`, else `param_dtype`."""
+        return self.compute_dtype or self.param_dtype
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

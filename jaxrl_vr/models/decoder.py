@@ -6,8 +6,13 @@ and second halves of each head are the rotated pairs), so HF safetensors load wi
 permutation. Layer parameters are stacked along a leading layer axis L and the blocks run
 under one `jax.lax.scan`, so compile time does not grow with depth.
 
-Precision: activations run in the parameter dtype (float32 or bfloat16); RMSNorm statistics,
-attention softmax and the logits are float32. Masked attention logits use `finfo.min`, never
+Precision (`DecoderConfig.param_dtype`, `compute_dtype`): every matmul and einsum casts its
+operands to the compute dtype and accumulates in float32 (`ratios.mixed_einsum`, whose
+backward pass stays bf16·bf16 -> float32 and gives float32 master weights float32
+gradients); the residual stream keeps the parameter dtype; RMSNorm statistics, RoPE,
+attention softmax and the logits are float32. float32 params with bfloat16 compute is the
+mixed-precision policy (`set_compute_dtype(model, "bfloat16")`); the default (compute =
+param dtype = float32) is plain float32. Masked attention logits use `finfo.min`, never
 -inf, so fully masked rows (left padding) give finite values, not NaN.
 
 References: Llama (Touvron et al. 2023, arXiv 2302.13971), RoPE (Su et al., arXiv 2104.09864),
@@ -27,7 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_vr.models.config import DecoderConfig
+from jaxrl_vr.models.config import COMPUTE_DTYPES, DecoderConfig
+from jaxrl_vr.ratios import mixed_einsum
 
 _INIT_STD = 0.02  # HF initializer_range default.
 
@@ -112,24 +118,28 @@ def apply_rope(x_bthe: jax.Array, cos_bte: jax.Array, sin_bte: jax.Array) -> jax
     return out.astype(x_bthe.dtype)
 
 
-def attend(q_bthe: jax.Array, k_bske: jax.Array, v_bske: jax.Array, allowed_bts: jax.Array) -> jax.Array:
+def attend(q_bthe: jax.Array, k_bske: jax.Array, v_bske: jax.Array, allowed_bts: jax.Array, *,
+           compute_dtype: Any = None) -> jax.Array:
     """Grouped-query softmax attention; query head h uses kv head h // (H / Hkv) (HF repeat_kv).
 
-    Logits q·k/√Dh are float32, masked with finfo.min where `allowed_bts` is False.
-    Returns [B, T, H, Dh] in the value dtype.
+    Both dots take `compute_dtype` operands (default: the query dtype) with float32
+    accumulation; logits q·k/√Dh and the softmax are float32, masked with finfo.min where
+    `allowed_bts` is False. Returns [B, T, H, Dh] in the query dtype.
     """
     b, t, h, e = q_bthe.shape
     kv_heads = k_bske.shape[2]
+    dtype = compute_dtype or q_bthe.dtype
     q_btkge = q_bthe.reshape(b, t, kv_heads, h // kv_heads, e)
-    logits = jnp.einsum("btkge,bske->bkgts", q_btkge, k_bske, preferred_element_type=jnp.float32)
+    logits = mixed_einsum("btkge,bske->bkgts", q_btkge, k_bske, dtype=dtype)
     logits = logits * (1.0 / math.sqrt(e))
     logits = jnp.where(allowed_bts[:, None, None], logits, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(logits, axis=-1).astype(v_bske.dtype)
-    out = jnp.einsum("bkgts,bske->btkge", probs, v_bske)
-    return out.reshape(b, t, h, e)
+    probs = jax.nn.softmax(logits, axis=-1)
+    out = mixed_einsum("bkgts,bske->btkge", probs, v_bske, dtype=dtype)
+    return out.reshape(b, t, h, e).astype(q_bthe.dtype)
 
 
-def attend_cache(q_bthe: jax.Array, k_bkes: jax.Array, v_bkse: jax.Array, allowed_bts: jax.Array) -> jax.Array:
+def attend_cache(q_bthe: jax.Array, k_bkes: jax.Array, v_bkse: jax.Array, allowed_bts: jax.Array, *,
+                 compute_dtype: Any = None) -> jax.Array:
     """`attend` with the KV cache layouts: keys [B, Hkv, Dh, S], values [B, Hkv, S, Dh].
 
     Same math as `attend`; the einsums are written in dot_general's natural output order
@@ -138,13 +148,14 @@ def attend_cache(q_bthe: jax.Array, k_bkes: jax.Array, v_bkse: jax.Array, allowe
     """
     b, t, h, e = q_bthe.shape
     kv_heads = k_bkes.shape[1]
+    dtype = compute_dtype or q_bthe.dtype
     q_btkge = q_bthe.reshape(b, t, kv_heads, h // kv_heads, e)
-    logits = jnp.einsum("btkge,bkes->bktgs", q_btkge, k_bkes, preferred_element_type=jnp.float32)
+    logits = mixed_einsum("btkge,bkes->bktgs", q_btkge, k_bkes, dtype=dtype)
     logits = logits * (1.0 / math.sqrt(e))
     logits = jnp.where(allowed_bts[:, None, :, None, :], logits, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(logits, axis=-1).astype(v_bkse.dtype)
-    out_bktge = jnp.einsum("bktgs,bkse->bktge", probs, v_bkse)
-    return jnp.transpose(out_bktge, (0, 2, 1, 3, 4)).reshape(b, t, h, e)
+    probs = jax.nn.softmax(logits, axis=-1)
+    out_bktge = mixed_einsum("bktgs,bkse->bktge", probs, v_bkse, dtype=dtype)
+    return jnp.transpose(out_bktge, (0, 2, 1, 3, 4)).reshape(b, t, h, e).astype(q_bthe.dtype)
 
 
 def default_positions(mask_bt: jax.Array) -> jax.Array:
@@ -208,25 +219,30 @@ def _block(config: DecoderConfig, p: dict[str, jax.Array], x_btd: jax.Array, cos
     `attend_fn` must match kv_fn's layout.
     """
     eps = config.rms_norm_eps
+    compute = jnp.dtype(config.matmul_dtype)
+
+    def mm(spec, x, w):  # Operands in the compute dtype, float32 accumulation, residual dtype out.
+        return mixed_einsum(spec, x, w, dtype=compute).astype(x_btd.dtype)
+
     h_btd = rms_norm(x_btd, p["attn_norm"], eps)
-    q = jnp.einsum("btd,dhe->bthe", h_btd, p["wq"])
-    k = jnp.einsum("btd,dke->btke", h_btd, p["wk"])
-    v = jnp.einsum("btd,dke->btke", h_btd, p["wv"])
+    q = mm("btd,dhe->bthe", h_btd, p["wq"])
+    k = mm("btd,dke->btke", h_btd, p["wk"])
+    v = mm("btd,dke->btke", h_btd, p["wv"])
     if "bq" in p:
         q, k, v = q + _lead(p["bq"], 4), k + _lead(p["bk"], 4), v + _lead(p["bv"], 4)
     if "q_norm" in p:
         q, k = rms_norm(q, p["q_norm"], eps), rms_norm(k, p["k_norm"], eps)
     q, k = apply_rope(q, cos_bte, sin_bte), apply_rope(k, cos_bte, sin_bte)
     keys, values, allowed_bts, aux = kv_fn(k, v)
-    attn_bthe = attend_fn(q, keys, values, allowed_bts)
-    out_btd = jnp.einsum("bthe,hed->btd", attn_bthe, p["wo"])
+    attn_bthe = attend_fn(q, keys, values, allowed_bts, compute_dtype=compute)
+    out_btd = mm("bthe,hed->btd", attn_bthe, p["wo"])
     if "bo" in p:
         out_btd = out_btd + _lead(p["bo"], 3)
     x_btd = x_btd + out_btd
     h_btd = rms_norm(x_btd, p["mlp_norm"], eps)
-    gate = jnp.einsum("btd,df->btf", h_btd, p["w_gate"])
-    up = jnp.einsum("btd,df->btf", h_btd, p["w_up"])
-    return x_btd + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, p["w_down"]), aux
+    gate = mm("btd,df->btf", h_btd, p["w_gate"])
+    up = mm("btd,df->btf", h_btd, p["w_up"])
+    return x_btd + mm("btf,fd->btd", jax.nn.silu(gate) * up, p["w_down"]), aux
 
 
 class Decoder(nnx.Module):
@@ -269,7 +285,12 @@ class Decoder(nnx.Module):
 
     def hidden_states(self, tokens_bt: jax.Array, *, positions_bt: jax.Array | None = None,
                       mask_bt: jax.Array | None = None) -> jax.Array:
-        """Final-normed hidden states [B, T, D] in the parameter dtype (see `__call__`)."""
+        """Final-normed hidden states [B, T, D] in the compute dtype (see `__call__`).
+
+        The compute dtype is what the LM-head matmul consumes: bf16 hidden states with the
+        float32 `unembed_matrix()` make `ratios.token_logprobs_from_hidden` run that matmul
+        in bf16 with float32 accumulation.
+        """
         tokens_bt, positions_bt, mask_bt = self._check_inputs(tokens_bt, positions_bt, mask_bt)
         t = tokens_bt.shape[1]
         causal_tt = jnp.tril(jnp.ones((t, t), dtype=bool))
@@ -285,23 +306,29 @@ class Decoder(nnx.Module):
             body = jax.checkpoint(body, prevent_cse=False)
         cos, sin = rope_cos_sin(positions_bt, rope_inv_freq(self.config))
         x_btd, _ = jax.lax.scan(body, self._embed(tokens_bt), self.layers.stacked())
-        return rms_norm(x_btd, self.final_norm[...], self.config.rms_norm_eps)
+        hidden_btd = rms_norm(x_btd, self.final_norm[...], self.config.rms_norm_eps)
+        return hidden_btd.astype(self.config.matmul_dtype)
 
     def unembed_matrix(self) -> jax.Array:
-        """[D, V] output projection (embedding transposed when tied), parameter dtype."""
+        """[D, V] output projection (embedding transposed when tied), parameter dtype (the
+        master weights; consumers cast it to the compute dtype inside their matmul)."""
         if self.lm_head is None:
             return self.embed[...].T
         return self.lm_head[...]
 
     def logits(self, hidden_btd: jax.Array) -> jax.Array:
-        """hidden [.., D] @ unembed [D, V] with float32 accumulation and output."""
-        return jnp.einsum("...d,dv->...v", hidden_btd, self.unembed_matrix(), preferred_element_type=jnp.float32)
+        """hidden [.., D] @ unembed [D, V] in the compute dtype, float32 accumulation and output."""
+        lead_shape = hidden_btd.shape[:-1]
+        hidden_nd = hidden_btd.reshape(-1, hidden_btd.shape[-1])
+        logits_nv = mixed_einsum("nd,dv->nv", hidden_nd, self.unembed_matrix(), dtype=self.config.matmul_dtype)
+        return logits_nv.reshape(lead_shape + logits_nv.shape[-1:])
 
     def init_cache(self, batch: int, max_len: int, dtype: Any = None) -> KVCache:
         """Empty cache: zero keys [L, batch, Hkv, Dh, max_len] and values [L, batch, Hkv, max_len, Dh],
-        no valid slot, index 0."""
+        no valid slot, index 0. `dtype` defaults to the compute dtype (keys and values are
+        cast to it before every attention dot anyway, so a narrower cache loses nothing)."""
         c = self.config
-        dtype = jnp.dtype(dtype or c.param_dtype)
+        dtype = jnp.dtype(dtype or c.matmul_dtype)
         lead = (c.num_layers, batch, c.num_kv_heads)
         return KVCache(
             keys_lbkem=jnp.zeros(lead + (c.head_dim, max_len), dtype),
@@ -349,7 +376,8 @@ class Decoder(nnx.Module):
                 values = jax.lax.dynamic_update_slice(values_all, v_1bkte, (layer, 0, 0, index, 0))
                 k_l = jax.lax.dynamic_index_in_dim(keys, layer, 0, keepdims=False)
                 v_l = jax.lax.dynamic_index_in_dim(values, layer, 0, keepdims=False)
-                return k_l.astype(k_btke.dtype), v_l.astype(v_btke.dtype), allowed_btm, (keys, values)
+                # Returned in the cache dtype: the attention dots cast to the compute dtype.
+                return k_l, v_l, allowed_btm, (keys, values)
 
             x_btd, (keys_all, values_all) = _block(self.config, p, x_btd, cos, sin, kv_fn, attend_cache)
             return (x_btd, keys_all, values_all), None
@@ -385,6 +413,21 @@ class Decoder(nnx.Module):
         chex.assert_equal_shape([tokens_bt, positions_bt])
         chex.assert_type(positions_bt, int)
         return tokens_bt, positions_bt, mask_bt
+
+
+def set_compute_dtype(model: Decoder, compute_dtype: str | None) -> Decoder:
+    """Sets the matmul precision policy of `model` in place and returns it.
+
+    compute_dtype "bfloat16" with float32 parameters is mixed precision (bf16 operands,
+    float32 accumulation, float32 master weights and gradients); "float32" computes in
+    float32 (bf16 parameters are then upcast at each matmul); None follows `param_dtype`
+    (the default). Parameters are untouched; only the static config changes, so
+    `nnx.split(model)` afterwards yields a graphdef that compiles the new policy.
+    """
+    if compute_dtype is not None and compute_dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"compute_dtype={compute_dtype!r}; expected one of {COMPUTE_DTYPES} or None.")
+    model.config = model.config.replace(compute_dtype=compute_dtype)
+    return model
 
 
 def num_params(model: Decoder) -> int:

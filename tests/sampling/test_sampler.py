@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxrl_vr.models import from_pretrained
+from jaxrl_vr.models import from_pretrained, set_compute_dtype
 from jaxrl_vr.sampling import filter_logits, generate, sample_token
 from jaxrl_vr.sampling import sampler as sampler_lib
 from jaxrl_vr.sampling.sampler import argmax_last
@@ -170,6 +170,27 @@ def test_sampling_determinism_recompiles_prefill_and_logp(llama):
     response = np.asarray(first.mask_bt)
     np.testing.assert_allclose(np.asarray(first.logp_bt)[response], np.asarray(expected)[response], atol=1e-5)
     assert float(jnp.abs(jnp.where(first.mask_bt, 0.0, first.logp_bt)).max()) == 0.0
+
+
+def test_mixed_precision_rollout_logp_matches_teacher_forcing():
+    """bf16 compute (float32 params, bf16 KV cache): the rollout's log-probs are those of the
+    same bf16-compute model's full forward, and greedy decoding stays close to float32's."""
+    model, ref = load("tiny_llama")
+    set_compute_dtype(model, "bfloat16")
+    prompts, mask = ref["input_ids"], ref["attention_mask"]
+    rollout = generate(jax.random.key(3), model, prompts, mask, num_samples=2, max_new_tokens=8,
+                       stop_token_ids=NO_STOP)
+    assert rollout.logp_bt.dtype == jnp.float32
+    tokens = jnp.concatenate([rollout.prompt_tokens_bs, rollout.tokens_bt], axis=1)
+    full_mask = jnp.concatenate([rollout.prompt_mask_bs, rollout.mask_bt], axis=1)
+    logits = forward(model, tokens, full_mask)[:, 9:-1]
+    expected = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), rollout.tokens_bt[..., None], -1)[..., 0]
+    # Same bf16 operands on both sides; only float32 accumulation order differs.
+    np.testing.assert_allclose(rollout.logp_bt, expected, atol=2e-3)
+    greedy = generate(jax.random.key(0), model, prompts, mask, max_new_tokens=8, greedy=True,
+                      stop_token_ids=NO_STOP)
+    # The tiny fixture's float32 greedy tokens: bf16 may flip a near-tie late in a row, not early.
+    np.testing.assert_array_equal(np.asarray(greedy.tokens_bt)[:, :2], ref["greedy_tokens"][:, :2])
 
 
 class FilterLogitsTest(chex.TestCase):

@@ -1,0 +1,221 @@
+"""Mixed-precision policy: bf16 matmul operands with float32 accumulation, float32 master weights.
+
+Checks (1) `ratios.mixed_einsum` against hand-computed bf16-rounded products and gradients,
+(2) that the compiled forward + backward of a bf16-compute decoder holds only bf16·bf16 ->
+f32 dots (the fast path on CPUs with AVX512-BF16/AMX; XLA would otherwise upcast to f32),
+(3) held-out logit parity against float32: the torch fp32 references of tests/fixtures and,
+when `make smollm2` fetched it, real SmolLM2-135M.
+
+Stated tolerances (measured at the time of writing in brackets):
+  tiny fixtures: max |logit error| <= 2% of max |logit| [1.0%];
+  SmolLM2-135M: max |logit error| <= 1.0 on logits up to ~39 [0.56], mean <= 0.15 [0.07],
+    KL(fp32 || bf16) per position mean <= 1e-3 nats [3e-4], max <= 1e-2 [2.9e-3],
+    argmax agreement >= 95% [98.4%].
+"""
+
+import collections
+import importlib.util
+import os
+import re
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl_vr import ratios
+from jaxrl_vr.models import Decoder, DecoderConfig, from_pretrained, set_compute_dtype
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
+
+
+def bf16_round(x):
+    return np.asarray(jnp.asarray(x, jnp.float32).astype(jnp.bfloat16).astype(jnp.float32), np.float64)
+
+
+def dot_types(hlo_text: str) -> collections.Counter:
+    """(lhs dtype, rhs dtype, result dtype) of every dot in an optimized HLO module's text."""
+    types = dict(re.findall(r"%([\w.\-]+) = (\w+)\[", hlo_text))
+    found = re.findall(r"= (\w+)\[[^\]]*\](?:\{[^}]*\})? dot\(%([\w.\-]+), %([\w.\-]+)\)", hlo_text)
+    return collections.Counter((types[lhs], types[rhs], out) for out, lhs, rhs in found)
+
+
+# ---- mixed_einsum ---------------------------------------------------------------------------
+
+
+class MixedEinsumTest(chex.TestCase):
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_float32_is_plain_einsum(self):
+        x = jax.random.normal(jax.random.key(0), (3, 4, 5))
+        y = jax.random.normal(jax.random.key(1), (5, 6))
+        got = self.variant(lambda a, b: ratios.mixed_einsum("btd,dv->btv", a, b))(x, y)
+        np.testing.assert_allclose(got, jnp.einsum("btd,dv->btv", x, y), rtol=1e-6, atol=1e-6)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_bf16_forward_and_grads_hand_computed(self):
+        # Values that bf16 cannot hold exactly, so a missing cast would show.
+        x = np.array([[1.001, -2.003, 0.5007], [3.0009, 0.2501, -1.0003]], np.float32)  # [t, d]
+        y = np.array([[0.3333, 1.0], [-0.7777, 2.0001], [1.0039, -0.125]], np.float32)  # [d, v]
+        g = np.array([[1.0017, -0.5], [0.25, 3.0011]], np.float32)  # cotangent [t, v]
+
+        def f(a, b):
+            return ratios.mixed_einsum("td,dv->tv", a, b, dtype=jnp.bfloat16)
+
+        out, vjp = jax.vjp(self.variant(f), jnp.asarray(x), jnp.asarray(y))
+        dx, dy = vjp(jnp.asarray(g))
+        xr, yr, gr = bf16_round(x), bf16_round(y), bf16_round(g)
+        assert out.dtype == dx.dtype == dy.dtype == jnp.float32  # f32 in -> f32 grads, not bf16-rounded
+        np.testing.assert_allclose(out, xr @ yr, rtol=1e-6)
+        np.testing.assert_allclose(dx, gr @ yr.T, rtol=1e-6)
+        np.testing.assert_allclose(dy, xr.T @ gr, rtol=1e-6)
+        assert not np.allclose(np.asarray(out), x.astype(np.float64) @ y, rtol=1e-6)  # really bf16 operands
+
+    def test_bf16_grad_dtype_follows_operand(self):
+        x = jnp.ones((2, 3), jnp.bfloat16)
+        y = jnp.ones((3, 4), jnp.float32)
+        dx, dy = jax.grad(lambda a, b: ratios.mixed_einsum("td,dv->tv", a, b, dtype=jnp.bfloat16).sum(),
+                          argnums=(0, 1))(x, y)
+        assert (dx.dtype, dy.dtype) == (jnp.bfloat16, jnp.float32)
+        np.testing.assert_array_equal(dy, np.full((3, 4), 2.0))
+
+    def test_rejects_specs_it_cannot_transpose(self):
+        x = jnp.ones((2, 3))
+        for spec in ("td,dv->v", "...d,dv->...v"):
+            with pytest.raises(ValueError, match="mixed_einsum"):
+                ratios.mixed_einsum(spec, x, jnp.ones((3, 4)), dtype=jnp.bfloat16)
+
+    def test_narrower_float(self):
+        assert ratios.narrower_float(jnp.float32, jnp.bfloat16) == jnp.bfloat16
+        assert ratios.narrower_float(jnp.float32, jnp.float32) == jnp.float32
+
+
+# ---- the decoder under the policy ------------------------------------------------------------
+
+
+def _loss_fn(graphdef, rest, tokens_bt):
+    def loss(params):
+        model = nnx.merge(graphdef, params, rest)
+        hidden_btd = model.hidden_states(tokens_bt)
+        logp_bt, _ = ratios.token_logprobs_from_hidden(hidden_btd, model.unembed_matrix(), tokens_bt,
+                                                       chunk_size=8)
+        return jnp.sum(logp_bt)
+    return loss
+
+
+def _split(compute_dtype):
+    model = Decoder(DecoderConfig.tiny(vocab_size=96), rngs=nnx.Rngs(0))
+    return nnx.split(set_compute_dtype(model, compute_dtype), nnx.Param, ...)
+
+
+@pytest.mark.parametrize("compute_dtype,expected", [("bfloat16", ("bf16", "bf16", "f32")),
+                                                    (None, ("f32", "f32", "f32"))])
+def test_compiled_train_dots_take_the_policy_dtype(compute_dtype, expected):
+    """Forward, backward and LM head of the train loss: every dot is `expected` after XLA's passes."""
+    graphdef, params, rest = _split(compute_dtype)
+    tokens_bt = jnp.ones((2, 20), jnp.int32)
+    hlo = jax.jit(jax.grad(_loss_fn(graphdef, rest, tokens_bt))).lower(params).compile().as_text()
+    types = dot_types(hlo)
+    # 7 block matmuls + 2 attention dots, x3 (forward, two gradients) + LM head (forward, its
+    # recompute is CSE'd, two gradients): at least 27 dots, all of one kind.
+    assert sum(types.values()) >= 27, types
+    assert set(types) == {expected}, types
+
+
+def test_policy_keeps_float32_master_params_and_grads():
+    graphdef, params, rest = _split("bfloat16")
+    tokens_bt = jnp.arange(24, dtype=jnp.int32).reshape(2, 12) % 96
+    grads = jax.jit(jax.grad(_loss_fn(graphdef, rest, tokens_bt)))(params)
+    assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+    assert {x.dtype for x in jax.tree.leaves(grads)} == {jnp.dtype(jnp.float32)}
+    graphdef32, _, rest32 = _split(None)
+    grads32 = jax.jit(jax.grad(_loss_fn(graphdef32, rest32, tokens_bt)))(params)
+    flat16 = np.concatenate([np.ravel(x) for x in jax.tree.leaves(grads)])
+    flat32 = np.concatenate([np.ravel(x) for x in jax.tree.leaves(grads32)])
+    cosine = flat16 @ flat32 / np.linalg.norm(flat16) / np.linalg.norm(flat32)
+    assert 0.999 < cosine < 1.0, cosine  # Close to, but not, the float32 gradient.
+
+
+def test_set_compute_dtype_validates_and_defaults_unchanged():
+    model = Decoder(DecoderConfig.tiny(), rngs=nnx.Rngs(0))
+    assert model.config.compute_dtype is None and model.config.matmul_dtype == "float32"
+    with pytest.raises(ValueError, match="compute_dtype"):
+        set_compute_dtype(model, "float16")
+    with pytest.raises(ValueError, match="compute_dtype"):
+        DecoderConfig.tiny(compute_dtype="fp8")
+    assert set_compute_dtype(model, "bfloat16").config.matmul_dtype == "bfloat16"
+    assert model.init_cache(1, 4).keys_lbkem.dtype == jnp.bfloat16
+    assert model.embed[...].dtype == jnp.float32
+
+
+@nnx.jit
+def _forward(model, tokens_bt, mask_bt):
+    return model(tokens_bt, mask_bt=mask_bt)
+
+
+@pytest.mark.parametrize("name", ("tiny_llama", "tiny_qwen2", "tiny_qwen3"))
+def test_mixed_precision_logits_close_to_torch_fp32(name):
+    path = os.path.join(FIXTURES, name)
+    ref = dict(np.load(os.path.join(path, "reference.npz")))
+    model = set_compute_dtype(from_pretrained(path), "bfloat16")
+    logits = _forward(model, jnp.asarray(ref["input_ids"]), jnp.asarray(ref["attention_mask"]))
+    assert logits.dtype == jnp.float32
+    real = ref["attention_mask"].astype(bool)
+    err = np.abs(np.asarray(logits) - ref["logits"])[real]
+    scale = np.abs(ref["logits"][real]).max()
+    assert err.max() <= 0.02 * scale, (err.max(), scale)
+    assert err.max() > 1e-4  # Really bf16 (float32 agrees to ~3e-6).
+
+
+def test_mixed_precision_decode_matches_its_full_forward():
+    """Prefill + one-token decode steps with a bf16 cache == the bf16-compute full forward."""
+    path = os.path.join(FIXTURES, "tiny_llama")
+    model = set_compute_dtype(from_pretrained(path), "bfloat16")
+    tokens_bt = jnp.asarray(np.arange(1, 13, dtype=np.int32).reshape(2, 6) * 7 % model.config.vocab_size)
+    full = np.asarray(_forward(model, tokens_bt, jnp.ones(tokens_bt.shape, bool)))
+    cache = model.init_cache(2, 8)
+    assert cache.keys_lbkem.dtype == jnp.bfloat16
+    step = nnx.jit(lambda m, t, p, c: m.decode_step(t, p, c))
+    positions_bt = jnp.broadcast_to(jnp.arange(6, dtype=jnp.int32), (2, 6))
+    logits, cache = step(model, tokens_bt[:, :4], positions_bt[:, :4], cache)
+    pieces = [np.asarray(logits)]
+    for t in (4, 5):
+        logits, cache = step(model, tokens_bt[:, t:t + 1], positions_bt[:, t:t + 1], cache)
+        pieces.append(np.asarray(logits))
+    # Same bf16 operands; only float32 accumulation order differs.
+    np.testing.assert_allclose(np.concatenate(pieces, axis=1), full, atol=2e-3, rtol=0)
+
+
+# ---- real SmolLM2 (skipped unless `make smollm2` fetched it) --------------------------------
+
+_SPEC = importlib.util.spec_from_file_location(
+    "get_smollm2", os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "get_smollm2.py"))
+get_smollm2 = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(get_smollm2)
+GGUF_PATH = get_smollm2.default_path()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isfile(GGUF_PATH), reason=f"SmolLM2 GGUF not at {GGUF_PATH}; run `make smollm2`.")
+def test_smollm2_mixed_precision_logits_close_to_fp32():
+    from jaxrl_vr.models.gguf_io import from_gguf
+
+    reference = dict(np.load(os.path.join(FIXTURES, "smollm2_reference.npz")))
+    lengths = reference["len_p"]
+    width = int(lengths.max())
+    tokens_ps = np.zeros((len(lengths), width), np.int32)
+    mask_ps = np.zeros((len(lengths), width), bool)
+    for p, length in enumerate(lengths):
+        tokens_ps[p, width - length:] = reference["ids_ps"][p, :length]
+        mask_ps[p, width - length:] = True
+    model, _ = from_gguf(GGUF_PATH)
+    logits32 = np.asarray(_forward(model, tokens_ps, mask_ps))[mask_ps]
+    logits16 = np.asarray(_forward(set_compute_dtype(model, "bfloat16"), tokens_ps, mask_ps))[mask_ps]
+    err = np.abs(logits16 - logits32)
+    assert err.max() <= 1.0 and err.mean() <= 0.15, (err.max(), err.mean())
+    logp32, logp16 = jax.nn.log_softmax(logits32), jax.nn.log_softmax(logits16)
+    kl = np.asarray(jnp.sum(jnp.exp(logp32) * (logp32 - logp16), axis=-1))
+    assert kl.mean() <= 1e-3 and kl.max() <= 1e-2, (kl.mean(), kl.max())
+    assert (logits16.argmax(-1) == logits32.argmax(-1)).mean() >= 0.95
