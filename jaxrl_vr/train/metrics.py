@@ -94,36 +94,126 @@ def read_jsonl(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def _duration(seconds: float) -> str:
+    """Seconds as "1h02m03s" / "2m03s" / "3s"."""
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(round(max(seconds, 0.0)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m{secs:02d}s"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
 class ProgressBar:
-    """A tqdm progress bar with rates (steps/s, generated tokens/s) and ETA.
+    """Progress with rates (steps/s, generated tokens/s) and ETA.
+
+    On a terminal this is a tqdm bar. When the stream is not a TTY (a log file, a pipe, a
+    batch scheduler) it prints one plain line instead, every ``every_steps`` steps or
+    ``every_s`` seconds, whichever comes first, and always for the last step, e.g.::
+
+        rl step 120/1000 (12%) | 0.85 step/s | ETA 17m15s | elapsed 2m21s | reward 0.412 kl 0.001 tok/s 1234
 
     Args:
       total: number of steps; initial: steps already done (resume).
       desc: label. disable: no output (tests).
+      file: the stream (default sys.stderr).
+      every_steps, every_s: plain-line interval (non-TTY only).
+      tty: force the TTY (True) or plain (False) mode; None = ask the stream.
+      clock: seconds as a float (monotonic), injectable for tests.
     """
 
-    def __init__(self, total: int, *, initial: int = 0, desc: str = "rl", disable: bool = False):
-        from tqdm.auto import tqdm
-
-        self._bar = tqdm(
-            total=total,
-            initial=initial,
-            desc=desc,
-            disable=disable,
-            dynamic_ncols=True,
-            file=sys.stderr,
-            unit="step",
-        )
-        self._start = time.perf_counter()
+    def __init__(
+        self,
+        total: int,
+        *,
+        initial: int = 0,
+        desc: str = "rl",
+        disable: bool = False,
+        file=None,
+        every_steps: int = 10,
+        every_s: float = 30.0,
+        tty: bool | None = None,
+        clock=time.monotonic,
+    ):
+        if every_steps < 1 or every_s <= 0:
+            raise ValueError(f"every_steps ({every_steps}) must be >= 1 and every_s ({every_s}) > 0.")
+        self._file = sys.stderr if file is None else file
+        self._disable = disable
+        self._plain = not disable and not (_isatty(self._file) if tty is None else tty)
+        self._total, self._initial, self._desc = int(total), int(initial), desc
+        self._every_steps, self._every_s = int(every_steps), float(every_s)
+        self._clock = clock
+        self._start = clock()
+        self._done = self._initial
         self._tokens = 0.0
+        self._post: dict[str, str] = {}
+        self._printed_step, self._printed_at = self._initial, self._start
+        self._closed = False
+        self._bar = None
+        if not self._plain:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(
+                total=total,
+                initial=initial,
+                desc=desc,
+                disable=disable,
+                dynamic_ncols=True,
+                file=self._file,
+                unit="step",
+            )
 
     def update(self, scalars: Mapping[str, float], *, keys=("reward", "pass_rate", "kl")) -> None:
         self._tokens += scalars.get("generated_tokens", 0.0)
-        elapsed = max(time.perf_counter() - self._start, 1e-9)
+        self._done += 1
+        now = self._clock()
+        elapsed = max(now - self._start, 1e-9)
         post = {k: f"{scalars[k]:.3f}" for k in keys if k in scalars}
         post["tok/s"] = f"{self._tokens / elapsed:.0f}"
-        self._bar.set_postfix(post, refresh=False)
-        self._bar.update(1)
+        self._post = post
+        if self._bar is not None:
+            self._bar.set_postfix(post, refresh=False)
+            self._bar.update(1)
+        elif self._plain and (
+            self._done - self._printed_step >= self._every_steps
+            or now - self._printed_at >= self._every_s
+            or self._done >= self._total
+        ):
+            self._print_line(now)
+
+    def line(self, now: float | None = None) -> str:
+        """The plain progress line for the steps done so far."""
+        now = self._clock() if now is None else now
+        elapsed = max(now - self._start, 1e-9)
+        rate = (self._done - self._initial) / elapsed
+        remaining = max(self._total - self._done, 0)
+        eta = remaining / rate if rate > 0 else (0.0 if remaining == 0 else math.inf)
+        percent = 100.0 * self._done / self._total if self._total else 100.0
+        post = " ".join(f"{k} {v}" for k, v in self._post.items())
+        return (
+            f"{self._desc} step {self._done}/{self._total} ({percent:.0f}%) | {rate:.3g} step/s | "
+            f"ETA {_duration(eta)} | elapsed {_duration(elapsed)}" + (f" | {post}" if post else "")
+        )
+
+    def _print_line(self, now: float) -> None:
+        print(self.line(now), file=self._file, flush=True)
+        self._printed_step, self._printed_at = self._done, now
 
     def close(self) -> None:
-        self._bar.close()
+        """Ends the bar; in plain mode prints the last step if it was not printed yet."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._bar is not None:
+            self._bar.close()
+        elif self._plain and self._done > self._printed_step:
+            self._print_line(self._clock())

@@ -1,0 +1,89 @@
+"""ProgressBar: plain lines every N steps / S seconds when the stream is not a terminal."""
+
+import io
+
+import pytest
+
+from jaxrl_vr.train.metrics import ProgressBar, _duration
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+class FakeTTY(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def _run(bar: ProgressBar, clock: FakeClock, steps: int, dt: float) -> None:
+    for _ in range(steps):
+        clock.now += dt
+        bar.update({"reward": 0.5, "kl": 0.01, "generated_tokens": 200.0})
+
+
+def test_non_tty_prints_a_plain_line_every_n_steps_and_the_last():
+    stream, clock = io.StringIO(), FakeClock()
+    bar = ProgressBar(25, file=stream, every_steps=10, every_s=1e9, clock=clock)
+    _run(bar, clock, 25, dt=2.0)
+    bar.close()
+    text = stream.getvalue()
+    assert "\r" not in text
+    lines = text.splitlines()
+    assert [line.split(" ")[2] for line in lines] == ["10/25", "20/25", "25/25"]
+    # 2 s per step: 0.5 step/s; after 10 steps 15 remain -> 30 s; tokens 200 per 2 s.
+    assert lines[0] == ("rl step 10/25 (40%) | 0.5 step/s | ETA 30s | elapsed 20s | "
+                        "reward 0.500 kl 0.010 tok/s 100")
+    assert "ETA 0s" in lines[-1] and "(100%)" in lines[-1]
+
+
+def test_non_tty_prints_every_s_seconds_when_steps_are_slow():
+    stream, clock = io.StringIO(), FakeClock()
+    bar = ProgressBar(1000, initial=500, file=stream, every_steps=100, every_s=30.0, clock=clock)
+    _run(bar, clock, 4, dt=20.0)  # printed at 40 s (step 502) and 80 s (step 504)
+    lines = stream.getvalue().splitlines()
+    assert [line.split(" ")[2] for line in lines] == ["502/1000", "504/1000"]
+    assert "0.05 step/s" in lines[0] and "ETA 2h46m00s" in lines[0]  # 498 steps x 20 s = 9960 s
+    bar.close()
+    assert len(stream.getvalue().splitlines()) == 2  # step 504 already printed
+
+
+def test_close_prints_the_last_step_of_an_interrupted_run():
+    stream, clock = io.StringIO(), FakeClock()
+    bar = ProgressBar(100, file=stream, every_steps=10, clock=clock)
+    _run(bar, clock, 13, dt=1.0)
+    bar.close()
+    bar.close()  # twice: once
+    assert [line.split(" ")[2] for line in stream.getvalue().splitlines()] == ["10/100", "13/100"]
+
+
+def test_tty_keeps_tqdm_and_disable_prints_nothing():
+    tty, clock = FakeTTY(), FakeClock()
+    bar = ProgressBar(5, file=tty, clock=clock)
+    _run(bar, clock, 5, dt=1.0)
+    bar.close()
+    assert "\r" in tty.getvalue() and "5/5" in tty.getvalue()
+    quiet = io.StringIO()
+    bar = ProgressBar(5, file=quiet, disable=True, clock=clock)
+    _run(bar, clock, 5, dt=1.0)
+    bar.close()
+    assert quiet.getvalue() == ""
+    forced = io.StringIO()
+    bar = ProgressBar(2, file=forced, tty=False, clock=clock)
+    _run(bar, clock, 2, dt=1.0)
+    assert forced.getvalue().startswith("rl step 2/2")
+
+
+@pytest.mark.parametrize("seconds, text", [(0, "0s"), (59.4, "59s"), (60, "1m00s"), (3723, "1h02m03s"),
+                                           (float("inf"), "?")])
+def test_duration(seconds, text):
+    assert _duration(seconds) == text
+
+
+def test_bad_intervals_are_rejected():
+    with pytest.raises(ValueError, match="every_steps"):
+        ProgressBar(5, every_steps=0, file=io.StringIO())
