@@ -93,7 +93,7 @@ class CheckpointMismatchError(ValueError):
         self.directory, self.step, self.differences = directory, step, list(differences)
         shown = differences[:12] + ([f"... and {len(differences) - 12} more"] if len(differences) > 12 else [])
         super().__init__(
-            f"checkpoint step {step} in {directory} does not match this run's state (the "
+            f"checkpoint step {step} in {directory} does not match the state this run expects (the "
             "model/optimizer/algorithm config changed since the run started); differing paths:\n  "
             + "\n  ".join(shown)
             + "\nResume with the config the run was started with, or use a fresh --workdir."
