@@ -27,16 +27,20 @@ from jaxrl_vr import eval as eval_lib
 from jaxrl_vr.train import run_io
 from jaxrl_vr.train.evaluate import PolicyEval, eval_layout, evaluate_policy
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory written by experiments.train.")
-_CHECKPOINT = flags.DEFINE_string("checkpoint", "final", "final | base | an RL step number.")
-_NUM_SAMPLES = flags.DEFINE_integer("num_samples", 256, "n samples per held-out prompt (pass@k for k <= n).")
-_SAMPLE_SEED = flags.DEFINE_integer(
-    "sample_seed", 0, "Sampling seed; nonzero values write to eval/<checkpoint>-seed<S>/ (independent samples)."
-)
-_MAX_CHUNKS = flags.DEFINE_integer(
-    "max_chunks", None, "Stop after this many new chunks (time-slicing; rerun to continue)."
-)
-_PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar.")
+
+def define_flags() -> None:
+    """Command-line flags (defined only when run as a script, so modules import side-effect free)."""
+    flags.DEFINE_string("workdir", None, "Run directory written by experiments.train.")
+    flags.DEFINE_string("checkpoint", "final", "final | base | an RL step number.")
+    flags.DEFINE_integer("num_samples", 256, "n samples per held-out prompt (pass@k for k <= n).")
+    flags.DEFINE_integer(
+        "sample_seed", 0, "Sampling seed; nonzero values write to eval/<checkpoint>-seed<S>/ (independent samples)."
+    )
+    flags.DEFINE_integer(
+        "max_chunks", None, "Stop after this many new chunks (time-slicing; rerun to continue)."
+    )
+    flags.DEFINE_bool("progress", True, "Show a progress bar.")
+
 
 # Tag folded into the run seed so evaluation samples never share a stream with the
 # pipeline's own evaluations.
@@ -214,17 +218,17 @@ def evaluate_run(
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if not _WORKDIR.value:
+    if not flags.FLAGS.workdir:
         raise app.UsageError("--workdir is required, e.g. --workdir=runs/default")
     logging.set_verbosity(logging.WARNING)
     try:
         evaluate_run(
-            _WORKDIR.value,
-            _CHECKPOINT.value,
-            num_samples=_NUM_SAMPLES.value,
-            sample_seed=_SAMPLE_SEED.value,
-            max_chunks=_MAX_CHUNKS.value,
-            progress=_PROGRESS.value,
+            flags.FLAGS.workdir,
+            flags.FLAGS.checkpoint,
+            num_samples=flags.FLAGS.num_samples,
+            sample_seed=flags.FLAGS.sample_seed,
+            max_chunks=flags.FLAGS.max_chunks,
+            progress=flags.FLAGS.progress,
         )
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -233,4 +237,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

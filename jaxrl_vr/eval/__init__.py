@@ -12,7 +12,9 @@ from jaxrl_vr.eval.evaluation import (
 )
 from jaxrl_vr.eval.inversion import (
     InversionCounts,
+    fit_beta_prior,
     inversion_counts,
+    survival_posterior,
     inversion_report,
     poisson_binomial_pmf,
     survival_estimate,
@@ -43,6 +45,7 @@ __all__ = [
     "compare_at_equal_budget",
     "evaluation_markdown",
     "fingerprint_digest",
+    "fit_beta_prior",
     "format_table",
     "headline_ks",
     "inversion_counts",
@@ -63,6 +66,7 @@ __all__ = [
     "read_metrics_jsonl",
     "seed_summary",
     "survival_estimate",
+    "survival_posterior",
     "to_jsonable",
     "write_evaluation",
     "write_report",

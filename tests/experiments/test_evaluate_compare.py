@@ -1,0 +1,142 @@
+"""experiments.evaluate and experiments.compare on one smoke run (built once per session)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from experiments import compare
+from experiments import evaluate as evaluate_cli
+from experiments.configs import default as default_config
+from jaxrl_vr.train import run_io
+from jaxrl_vr.train.pipeline import PipelineConfig, run_pipeline
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """A finished :smoke run (the same workdir experiments.train writes)."""
+    tree = default_config.get_config("smoke").to_dict()
+    tree["run"].update(progress=False, tensorboard=False, print_table=False)
+    workdir = str(tmp_path_factory.mktemp("smoke") / "run")
+    run_pipeline(PipelineConfig.from_dict(tree), workdir, log=lambda line: None)
+    return workdir
+
+
+def _strip(evaluation):
+    return {k: v for k, v in evaluation.items() if k != "workdir"}
+
+
+def test_load_run_layout_and_errors(smoke_run, tmp_path):
+    final = run_io.load_run(smoke_run, "final")
+    base = run_io.load_run(smoke_run, "base")
+    assert final.step == max(run_io.checkpoint_steps(smoke_run)) and base.step == 0
+    assert len(final.eval_items) == final.config.task.num_eval == 10
+    assert final.calibration_n == 8 and final.base_calibration_counts.shape == (10,)
+    assert final.max_new_tokens == final.config.rl.max_new_tokens
+    with pytest.raises(run_io.CheckpointNotFoundError, match="available"):
+        run_io.load_run(smoke_run, 99)
+    with pytest.raises(run_io.RunNotFoundError, match="does not exist"):
+        run_io.load_run(tmp_path / "nope", "final")
+    with pytest.raises(ValueError, match="final"):
+        run_io.load_run(smoke_run, "latest")
+    stats = run_io.read_run_stats(smoke_run)
+    assert stats.complete and stats.generated_tokens > 0 and stats.rl_steps == 3
+
+
+def test_interrupted_evaluation_resumes_to_the_same_result(smoke_run, tmp_path):
+    workdir = str(tmp_path / "run")
+    shutil.copytree(smoke_run, workdir)
+    # n = 8: 2 chunks of 5 prompts for the checkpoint, then 2 for the base.
+    assert evaluate_cli.evaluate_run(workdir, "final", num_samples=8, max_chunks=1, log=lambda s: None) is None
+    assert evaluate_cli.evaluate_run(workdir, "final", num_samples=8, max_chunks=2, log=lambda s: None) is None
+    resumed = evaluate_cli.evaluate_run(workdir, "final", num_samples=8, log=lambda s: None)
+    shutil.rmtree(os.path.join(workdir, "eval"))
+    fresh = evaluate_cli.evaluate_run(workdir, "final", num_samples=8, log=lambda s: None)
+    assert _strip(resumed) == _strip(fresh)
+    assert os.path.isfile(os.path.join(workdir, "eval", "base", "evaluation.json"))  # base done too
+
+
+def test_unchanged_policy_is_reported_as_noise(smoke_run, tmp_path):
+    """checkpoint=base with independent samples vs the base: lost ≈ expected by chance."""
+    workdir = str(tmp_path / "run")
+    shutil.copytree(smoke_run, workdir)
+    ev = evaluate_cli.evaluate_run(workdir, "base", num_samples=16, sample_seed=1, log=lambda s: None)
+    assert ev["checkpoint"] == "base" and ev["sample_seed"] == 1
+    inv = ev["inversion"]
+    for name in ("lost", "newly_solved"):
+        gap = abs(inv[name] - inv[f"{name}_expected_by_chance"])
+        assert gap <= 3 * inv[f"{name}_chance_sd"] + 1, inv
+    own = evaluate_cli.evaluate_run(workdir, "base", num_samples=16, log=lambda s: None)
+    assert own["inversion"] is None and own["lost"] is None  # the base alone: no comparison
+
+
+@pytest.mark.slow
+def test_cli_contract_and_errors(smoke_run, tmp_path):
+    workdir = str(tmp_path / "run")
+    shutil.copytree(smoke_run, workdir)
+    cmd = [sys.executable, "-m", "experiments.evaluate", f"--workdir={workdir}", "--checkpoint=final",
+           "--num_samples=32"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with open(os.path.join(workdir, "eval", "final", "evaluation.json")) as f:
+        ev = json.load(f)
+    assert sorted(int(k) for k in ev["pass_at_k"]) == [1, 2, 4, 8, 16, 32]
+    assert all(0.0 <= v <= 1.0 for v in ev["pass_at_k"].values())
+    assert len(ev["per_prompt"]) == 10 and all(0 <= r["count"] <= 32 for r in ev["per_prompt"])
+    chance = [k for k in ev if "chance" in k]
+    assert {"lost_expected_by_chance", "newly_solved_expected_by_chance"} <= set(chance)
+    assert isinstance(ev["lost"], int) and isinstance(ev["newly_solved"], int)
+    assert "lost_expected_by_chance" in ev["definitions"]
+    for name in ("report.md", "passk.png", "delta_by_regime.png", "prompt_scatter.png"):
+        assert os.path.isfile(os.path.join(workdir, "eval", "final", name)), name
+    for bad, needle in ((f"--workdir={tmp_path / 'missing'}", "does not exist"),
+                        (f"--workdir={workdir} --checkpoint=77", "no checkpoint at step 77")):
+        proc = subprocess.run([sys.executable, "-m", "experiments.evaluate", *bad.split()], cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and needle in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_compare_table_paired_differences_and_resume(smoke_run, tmp_path):
+    """Two arms × two seeds of finished, evaluated runs: nothing is re-run, the table holds
+    mean ± se and the paired difference (arm b = arm a + 0.1 on pass@1 for every seed)."""
+    root = tmp_path / "cmp"
+    evaluated = str(tmp_path / "evaluated")
+    shutil.copytree(smoke_run, evaluated)
+    ev = evaluate_cli.evaluate_run(evaluated, "final", num_samples=4, log=lambda s: None)
+    arms = [compare.parse_arm("a", "cfg.py"), compare.parse_arm("b=rl.advantage=loo config=x.py:smoke", "cfg.py")]
+    assert arms[1] == compare.Arm("b", "x.py:smoke", ("rl.advantage=loo",))
+    for arm, shift in (("a", 0.0), ("b", 0.1)):
+        for seed in (0, 1):
+            workdir = compare.run_dir(str(root), arm, seed)
+            os.makedirs(os.path.join(workdir, "eval", "final"))
+            for name in ("config.json", "summary.json"):
+                shutil.copy(os.path.join(evaluated, name), workdir)
+            changed = json.loads(json.dumps(ev))
+            changed["pass_at_k"]["1"] = ev["pass_at_k"]["1"] + shift + 0.01 * seed
+            with open(os.path.join(workdir, "eval", "final", "evaluation.json"), "w") as f:
+                json.dump(changed, f)
+    launched = []
+    compare.run_grid(str(root), arms, [0, 1], token_budget=1000, num_samples=4,
+                     runner=lambda cmd, log: launched.append(cmd), log=lambda s: None)
+    assert launched == []  # complete and evaluated: resumable grid skips them
+    table = compare.collect_table(str(root), arms, [0, 1], baseline="a", num_samples=4)
+    diff = table["paired_differences"]["b"]["pass@1"]
+    assert diff["mean"] == pytest.approx(0.1) and diff["count"] == 2 and diff["verdict"] == "higher"
+    same = table["paired_differences"]["b"]["pass@4"]
+    assert same["mean"] == pytest.approx(0.0) and same["verdict"] == "no difference detected"
+    assert table["summary"]["a"]["pass@1"]["mean"] == pytest.approx(ev["pass_at_k"]["1"] + 0.005)
+    assert table["summary"]["a"]["generated_tokens"]["mean"] > 0
+    paths = compare.write_table(table, str(root), 1000)
+    text = open(paths["markdown"]).read()
+    assert "no difference detected" in text and "± " in text
+    assert os.path.isfile(paths["passk"]) and os.path.isfile(paths["regimes"])
+    # The commands a missing run would get: one process per run, seed and budget passed.
+    cmd = compare.train_command(arms[1], 3, "/w", 5000)
+    assert cmd[-3:] == ["--config.rl.advantage=loo", "--config.seed=3", "--config.rl.token_budget=5000"]
+    assert "--config=x.py:smoke" in cmd
