@@ -90,6 +90,11 @@ def _mixed_einsum_bwd(spec, dtype, x_dtype, y_dtype, residuals, g):
     g_c = g.astype(dtype)
     dx = jnp.einsum(f"{out},{y_sub}->{x_sub}", g_c, y_c, preferred_element_type=jnp.float32)
     dy = jnp.einsum(f"{x_sub},{out}->{y_sub}", x_c, g_c, preferred_element_type=jnp.float32)
+    # The barrier keeps XLA from folding a caller's transpose of a gradient (e.g. the tied
+    # embedding's [D, V] -> [V, D]) into the dot itself: the folded dot has its lhs
+    # contracting dimension first, which XLA:CPU's bf16 (YNNPACK) dot fusion rejects and
+    # whose fallback (Eigen DotThunk) has no bf16 x bf16 -> f32 kernel, so it fails at run time.
+    dx, dy = jax.lax.optimization_barrier((dx, dy))
     return dx.astype(x_dtype), dy.astype(y_dtype)
 
 

@@ -1,0 +1,124 @@
+"""jaxrl_vr vs TRL on the peer GRPO workload, back to back, both precisions; prints the ratios.
+
+Each run is its own process, ours then TRL's for a precision, so the two see the same machine
+state as far as possible; the 1-minute load average is recorded around every run (on a
+shared machine only ratios measured side by side mean anything). Needs the peer venv and
+model (`bash ../shared/peers/setup.sh trl && bash ../shared/peers/setup.sh models`).
+
+    python benchmarks/side_by_side.py [--precisions fp32,bf16] [--warmup 1 --steps 2] \\
+        [--out benchmarks/rl_step_results.json]
+
+Targets (issue 12): fp32 step ≤ 0.6 × TRL fp32; update ≥ 60 % of the same run's f32 matmul
+peak; bf16 step ≤ 0.6 × TRL bf16 (CPUs with bf16 units); rollout ≥ 2 × TRL's generation
+throughput; peak RSS ≤ 6 GB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+
+def cpu_flags() -> dict:
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return {}
+    flags = set(re.findall(r"\b(avx2|avx512f|avx512_bf16|amx_bf16|amx_tile)\b", text))
+    model = re.search(r"model name\s*:\s*(.*)", text)
+    return {"flags": sorted(flags), "model": model.group(1) if model else "", "cores": os.cpu_count()}
+
+
+def run(cmd: list[str], log_path: str) -> float:
+    t0 = time.time()
+    print("$ " + " ".join(cmd), flush=True)
+    with open(log_path, "w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    if proc.returncode:
+        tail = open(log_path).read()[-3000:]
+        raise SystemExit(f"command failed ({proc.returncode}); log {log_path}:\n{tail}")
+    return time.time() - t0
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peers-root", default=os.environ.get("PEERS_ROOT", os.path.expanduser("~/.cache/jaxrl_vr-peers")))
+    parser.add_argument("--peers-dir", default=os.path.join(REPO, "..", "shared", "peers"),
+                        help="folder with bench_trl.py and prompts.py")
+    parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--trl-micro-batch", type=int, default=8,
+                        help="TRL sequences per forward/backward (ours: 8 micro-batches of 8); 0 = all 64 "
+                             "at once (TRL's default, ~17 GB peak RSS)")
+    parser.add_argument("--out", default=os.path.join(HERE, "rl_step_results.json"))
+    parser.add_argument("--ours-args", default="", help="extra arguments for benchmarks/rl_step.py")
+    args = parser.parse_args(argv)
+
+    model_dir = os.path.join(args.peers_root, "models", "smollm2-135m")
+    trl_python = os.path.join(args.peers_root, "venv-trl", "bin", "python")
+    for path in (model_dir, trl_python):
+        if not os.path.exists(path):
+            raise SystemExit(f"{path} not found; run `bash shared/peers/setup.sh trl` and "
+                             "`bash shared/peers/setup.sh models` first.")
+    work = tempfile.mkdtemp(prefix="side_by_side_")
+    prompts = os.path.join(work, "prompts.jsonl")
+    run([trl_python, os.path.join(args.peers_dir, "prompts.py"), "--model", model_dir, "--out", prompts,
+         "-W", str(args.warmup), "-N", str(args.steps)], os.path.join(work, "prompts.log"))
+
+    results = {"cpu": cpu_flags(), "warmup": args.warmup, "steps": args.steps,
+               "trl_micro_batch": args.trl_micro_batch, "runs": {}, "ratios": {}}
+    for precision in args.precisions.split(","):
+        ours_json = os.path.join(work, f"ours_{precision}.json")
+        load_before = os.getloadavg()[0]
+        run([sys.executable, os.path.join(HERE, "rl_step.py"), "--model-dir", model_dir, "--prompts-file", prompts,
+             "--warmup", str(args.warmup), "--steps", str(args.steps), "--precision", precision,
+             "--json", ours_json] + args.ours_args.split(), os.path.join(work, f"ours_{precision}.log"))
+        ours = json.load(open(ours_json))
+        trl_json = os.path.join(work, f"trl_{precision}.jsonl")
+        trl_load_before = os.getloadavg()[0]
+        run([trl_python, os.path.join(args.peers_dir, "bench_trl.py"), "--model", model_dir,
+             "-W", str(args.warmup), "-N", str(args.steps), "--micro-batch", str(args.trl_micro_batch),
+             "--json-out", trl_json] + (["--bf16"] if precision == "bf16" else []),
+            os.path.join(work, f"trl_{precision}.log"))
+        trl = json.loads(open(trl_json).read().splitlines()[-1])
+        trl["load_1m_start"], trl["load_1m_end"] = trl_load_before, os.getloadavg()[0]
+        ours["load_1m_before_run"] = load_before
+        results["runs"][precision] = {"jaxrl_vr": {k: v for k, v in ours.items() if k != "steps"},
+                                      "jaxrl_vr_steps": ours["steps"], "trl": trl}
+        if trl.get("prompts_sha") != ours.get("prompts_sha"):
+            print(f"WARNING: prompt sets differ ({trl.get('prompts_sha')} vs {ours.get('prompts_sha')})")
+        trl_update = trl["median_step_s"] - trl["median_rollout_s"]
+        results["ratios"][precision] = {
+            "step_ours_over_trl": ours["median_step_s"] / trl["median_step_s"],
+            "update_ours_over_trl": ours["median_update_s"] / trl_update,
+            "rollout_speedup_vs_trl": trl["median_rollout_s"] / ours["median_rollout_s"],
+            "update_fraction_of_f32_peak": ours["update_fraction_of_matmul_peak"],
+            "peak_rss_mb_ours": ours["peak_rss_mb"],
+            "peak_rss_mb_trl": trl["peak_rss_mb"],
+        }
+    print(f"\n{'precision':>9} {'ours step':>9} {'TRL step':>9} {'ratio':>6} {'ours roll':>9} {'TRL roll':>9} "
+          f"{'speedup':>7} {'ours upd':>8} {'TRL upd':>8} {'upd/peak':>8} {'RSS MB':>7} {'load':>5}")
+    for precision, run_ in results["runs"].items():
+        o, t, r = run_["jaxrl_vr"], run_["trl"], results["ratios"][precision]
+        print(f"{precision:>9} {o['median_step_s']:9.2f} {t['median_step_s']:9.2f} {r['step_ours_over_trl']:6.2f} "
+              f"{o['median_rollout_s']:9.2f} {t['median_rollout_s']:9.2f} {r['rollout_speedup_vs_trl']:7.2f} "
+              f"{o['median_update_s']:8.2f} {t['median_step_s'] - t['median_rollout_s']:8.2f} "
+              f"{r['update_fraction_of_f32_peak']:8.2f} {o['peak_rss_mb']:7.0f} {o['load_1m_start']:5.1f}")
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"-> {args.out} (logs in {work})")
+    return results
+
+
+if __name__ == "__main__":
+    main()
