@@ -21,6 +21,7 @@ pass@k = 1 − (1 − p)^k is exact for every k.
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any, NamedTuple
 
 import jax
@@ -311,8 +312,6 @@ def simulate(cfg: SimConfig, method: str, *, progress: bool | None = None) -> Si
     Returns:
       SimRun with NumPy arrays.
     """
-    import time
-
     validate(cfg)
     spec = methods_lib.parse_method(method)
     init, meas, chunk, final = compiled(cfg, spec)

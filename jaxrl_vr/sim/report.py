@@ -47,15 +47,21 @@ def regime_passk_curve(p_p: np.ndarray, regime_p: np.ndarray, max_k: int = MAX_K
     return np.stack(rows)
 
 
+def _round(v: float) -> float | None:
+    """6 significant digits (keeps simulation.json small); None for NaN/inf."""
+    return float(f"{v:.6g}") if np.isfinite(v) else None
+
+
 def _floats(x) -> list:
-    return [None if not np.isfinite(v) else float(v) for v in np.asarray(x, np.float64).ravel()]
+    return [_round(v) for v in np.asarray(x, np.float64).ravel()]
 
 
 def _stat(values_s: np.ndarray) -> dict:
     mean, half = mean_ci(values_s)
     return {"mean": _floats(mean) if np.ndim(mean) else _floats([mean])[0],
             "ci95": _floats(half) if np.ndim(half) else _floats([half])[0],
-            "per_seed": np.asarray(values_s, np.float64).tolist()}
+            "per_seed": [_floats(v) if np.ndim(v) else _round(float(v))
+                         for v in np.asarray(values_s, np.float64)]}
 
 
 def summarize_run(run: SimRun, max_k: int = MAX_K) -> dict:
@@ -114,7 +120,7 @@ def summarize_run(run: SimRun, max_k: int = MAX_K) -> dict:
             "prompt_index": run.tracked_idx_sn[0].tolist(),
             "regime": [REGIME_ROWS[int(r)] for r in run.regime_sp[0][run.tracked_idx_sn[0]]],
             "p_base": _floats(run.p_base_sp[0][run.tracked_idx_sn[0]]),
-            "p": np.asarray(m.p_tracked_n[0], np.float64).T.round(7).tolist(),
+            "p": [_floats(row) for row in np.asarray(m.p_tracked_n[0], np.float64).T],
         },
     }
     return out
@@ -141,7 +147,7 @@ def write_json(summary: dict, workdir: str | os.PathLike, name: str = "simulatio
     path = pathlib.Path(workdir) / name
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(summary, indent=1, allow_nan=False))
+    tmp.write_text(json.dumps(summary, separators=(",", ":"), allow_nan=False))
     tmp.replace(path)
     return path
 
@@ -181,7 +187,7 @@ def write_plots(runs: Sequence[SimRun], workdir: str | os.PathLike) -> list[path
     axes[0, 0].legend(fontsize=8)
     fig.tight_layout()
     paths.append(workdir / "delta_passk_by_regime.png")
-    fig.savefig(paths[-1], dpi=90)
+    fig.savefig(paths[-1], dpi=60)
     plt.close(fig)
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
@@ -195,7 +201,7 @@ def write_plots(runs: Sequence[SimRun], workdir: str | os.PathLike) -> list[path
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     paths.append(workdir / "lost_prompts.png")
-    fig.savefig(paths[-1], dpi=90)
+    fig.savefig(paths[-1], dpi=60)
     plt.close(fig)
 
     cols = len(runs)
@@ -218,7 +224,7 @@ def write_plots(runs: Sequence[SimRun], workdir: str | os.PathLike) -> list[path
     axes[0, 0].legend(fontsize=7, markerscale=4)
     fig.tight_layout()
     paths.append(workdir / "pbase_vs_pfinal.png")
-    fig.savefig(paths[-1], dpi=90)
+    fig.savefig(paths[-1], dpi=60)
     plt.close(fig)
 
     fig, axes = plt.subplots(1, NUM_REGIMES + 1, figsize=(3.6 * (NUM_REGIMES + 1), 3.4))
@@ -238,7 +244,7 @@ def write_plots(runs: Sequence[SimRun], workdir: str | os.PathLike) -> list[path
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     paths.append(workdir / "delta_passk_final.png")
-    fig.savefig(paths[-1], dpi=90)
+    fig.savefig(paths[-1], dpi=60)
     plt.close(fig)
     return paths
 

@@ -27,6 +27,5 @@ def simulate_methods(cfg: SimConfig, workdir: str | os.PathLike | None = None) -
         workdir = pathlib.Path(workdir)
         report.write_json(summary, workdir)
         if cfg.plots:
-            summary_plots = report.write_plots(runs, workdir)
-            del summary_plots
+            report.write_plots(runs, workdir)
     return summary
