@@ -1,23 +1,24 @@
-"""Decode throughput: jaxrl_vr's jitted sampler vs transformers' `generate` (torch, CPU).
+"""Decode throughput: jaxrl_vr's jitted sampler vs transformers' `generate`, side by side.
 
-Both sides run the same SmolLM2-135M weights (the Q4_1 GGUF dequantised to float32 when
-present, else a random model of the same shape), the same prompts and the same number of new
-tokens (greedy, no early stop), batch 1 / 8 / 64. Tokens/s = batch * new tokens / wall time of
-one call (prefill included) after a warm-up call (compilation excluded, reported separately).
+Each side runs in its own process and interpreter: ours in this environment, transformers in
+the peer TRL venv (which has torch; this project's environment never needs it). Same HF
+safetensors model dir, same prompt ids, same new-token counts, both precisions:
+fp32, and bf16 = ours with `set_compute_dtype(model, "bfloat16")` (float32 weights, bf16
+matmul operands, float32 accumulation) vs torch `autocast(bfloat16)` over float32 weights.
 
-    python benchmarks/decode.py [--gguf PATH] [--batches 1,8,64] [--new-tokens 32]
-                                [--threads 1,2] [--repeats R] [--out FILE]
+Cases:
+  batch B in --batches (default 1, 8, 64): B prompts of 16 random ids, greedy, --new-tokens
+    (default 64) with no early stop (torch: min_new_tokens), prefill included;
+  long: one real prompt × G = 8 samples at temperature 1 (no top-k/top-p), 512 new tokens,
+    EOS allowed (a sequence ends at EOS; the call ends when all have or at 512).
+Tokens/s = generated tokens (up to and including EOS) / wall time of one call, median of
+--repeats calls after a warm-up call (compilation excluded, reported as first_call_s). The
+1-minute load average is recorded before and after each side: on a shared machine only the
+ratios of runs made back to back mean anything.
 
-The torch side needs torch + transformers in the same environment; without torch it is
-skipped with a message and only JAX numbers are written. Fairness on a shared machine:
-each thread count runs in its own process pinned to that many cores (torch gets N intra-op
-threads; XLA's Eigen pool is single-threaded when N = 1), and the two sides' timed calls
-alternate (jax, torch, jax, torch, ...) so slow drifts of the machine's load hit both alike.
-Each number is the median of `--repeats` timed calls (min and max are written too), with
-the 1-minute load average before and after. Torch runs with OMP_WAIT_POLICY=PASSIVE unless
-set otherwise (its default busy-waiting OpenMP threads stall badly when another process holds
-one of their cores). On a loaded machine multi-thread numbers still swing with the other
-processes: read the load averages next to them.
+    python benchmarks/decode.py --model-dir $PEERS_ROOT/models/smollm2-135m \\
+        [--precisions fp32,bf16] [--batches 1,8,64] [--new-tokens 64] [--long-new-tokens 512] \\
+        [--repeats 3] [--torch-python $PEERS_ROOT/venv-trl/bin/python] [--out benchmarks/decode_results.json]
 """
 
 from __future__ import annotations
@@ -25,215 +26,181 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "experiments"))
-
-SMOLLM2_SHAPE = dict(
-    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
-    head_dim=64, rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
-    max_position_embeddings=8192, bos_token_id=1, eos_token_id=2, pad_token_id=2, model_type="llama",
-)
+HERE = os.path.dirname(os.path.abspath(__file__))
+LONG_PROMPT = "Write a long story about a robot who learns to count.\n"
+LONG_SAMPLES = 8
 
 
-def load_weights(gguf_path: str | None):
-    """(DecoderConfig, HF-named float32 tensors, source description)."""
-    from jaxrl_vr.models.config import DecoderConfig
-
-    if gguf_path and os.path.isfile(gguf_path):
-        from jaxrl_vr.models.gguf_io import read_gguf
-
-        checkpoint = read_gguf(gguf_path, with_tokenizer=False)
-        return checkpoint.config, checkpoint.tensors, f"gguf:{os.path.basename(gguf_path)}"
-    from flax import nnx
-
-    from jaxrl_vr.models.decoder import Decoder
-    from jaxrl_vr.models.hf_io import to_hf_state_dict
-
-    config = DecoderConfig(**SMOLLM2_SHAPE)
-    print(f"GGUF not found at {gguf_path!r}: using a random model of SmolLM2-135M's shape.")
-    return config, to_hf_state_dict(Decoder(config, rngs=nnx.Rngs(0))), "random"
+def make_cases(args, tokenizer) -> list[dict]:
+    rng = np.random.default_rng(0)
+    cases = [{"name": f"batch{b}", "prompts": rng.integers(100, 49000, size=(b, 16)).tolist(), "samples": 1,
+              "new_tokens": args.new_tokens, "greedy": True, "stop": False}
+             for b in (int(x) for x in args.batches.split(",") if x)]
+    if args.long_new_tokens > 0:
+        ids = tokenizer.encode(LONG_PROMPT, add_bos=bool(getattr(tokenizer, "add_bos_default", False)))
+        cases.append({"name": "long", "prompts": [ids], "samples": LONG_SAMPLES,
+                      "new_tokens": args.long_new_tokens, "greedy": False, "stop": True})
+    return cases
 
 
-def make_prompts(batch: int, prompt_len: int, vocab_size: int) -> np.ndarray:
-    rng = np.random.default_rng(batch)
-    return rng.integers(100, vocab_size, size=(batch, prompt_len)).astype(np.int32)
+def time_calls(run, repeats: int) -> dict:
+    start = time.perf_counter()
+    run()
+    first = time.perf_counter() - start
+    seconds, generated = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        count, tokens = run()
+        seconds.append(time.perf_counter() - start)
+        generated.append(count)
+    median_s = statistics.median(seconds)
+    return {"first_call_s": first, "seconds_all": seconds, "generated_all": generated, "seconds": median_s,
+            "tokens_per_s": statistics.median(generated) / median_s, "tokens": tokens}
 
 
-def jax_runner(config, tensors, new_tokens):
-    """batch tokens -> (warm-up fn, timed fn); both return the [B, new_tokens] int32 tokens."""
+def jax_side(args, cases) -> dict:
     import jax
 
-    from jaxrl_vr.models.hf_io import from_hf_state_dict
+    sys.path.insert(0, os.path.dirname(HERE))
+    from jaxrl_vr.models import from_pretrained, set_compute_dtype
     from jaxrl_vr.sampling import generate
 
-    model = from_hf_state_dict(config, tensors, dtype="float32")
+    model = set_compute_dtype(from_pretrained(args.model_dir), "bfloat16" if args.precision == "bf16" else None)
+    eos = model.config.eos_token_ids
+    out = {"jax": jax.__version__}
+    for case in cases:
+        tokens_ps = np.asarray(case["prompts"], np.int32)
+        mask_ps = np.ones_like(tokens_ps, bool)
 
-    def make(tokens):
-        mask = np.ones_like(tokens, bool)
-
-        def run():
-            rollout = generate(jax.random.key(0), model, tokens, mask, max_new_tokens=new_tokens, greedy=True,
-                               stop_token_ids=(), pad_id=0)
-            return np.asarray(jax.block_until_ready(rollout.tokens_bt))
-        return run, run
-    return make
-
-
-def torch_runner(config, tensors, new_tokens, threads):
-    """As `jax_runner` for transformers' generate, or None (with a message) without torch."""
-    try:
-        import torch
-        import transformers
-    except ImportError as error:
-        print(f"torch side skipped: {error}. Install torch + transformers in this environment to compare.")
-        return None, {}
-    torch.set_num_threads(threads)
-    model = transformers.AutoModelForCausalLM.from_config(config.to_hf(), dtype=torch.float32)
-    state = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in tensors.items()}  # writable copies
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if [m for m in missing if m != "lm_head.weight"] or unexpected:
-        raise RuntimeError(f"torch model load mismatch: missing={missing}, unexpected={unexpected}")
-    model.tie_weights()
-    model.eval()
-
-    def make(tokens_np):
-        tokens = torch.from_numpy(tokens_np.astype(np.int64))
-        kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                      pad_token_id=config.pad_token_id, attention_mask=torch.ones_like(tokens))
-
-        def run(n=new_tokens):
-            with torch.inference_mode():
-                out = model.generate(tokens, **{**kwargs, "max_new_tokens": n, "min_new_tokens": n})
-            return out[:, tokens.shape[1]:].numpy()
-        return (lambda: run(2)), run
-    return make, {"torch": torch.__version__, "transformers": transformers.__version__,
-                  "torch_threads": torch.get_num_threads()}
+        def run(case=case, tokens_ps=tokens_ps, mask_ps=mask_ps):
+            rollout = generate(jax.random.key(0), model, tokens_ps, mask_ps, num_samples=case["samples"],
+                               max_new_tokens=case["new_tokens"], greedy=case["greedy"], temperature=1.0,
+                               stop_token_ids=eos if case["stop"] else (), pad_id=0)
+            mask_bt = np.asarray(rollout.mask_bt)
+            return int(mask_bt.sum()), np.asarray(rollout.tokens_bt)[:, :8].tolist()
+        out[case["name"]] = time_calls(run, args.repeats)
+        print(case["name"], round(out[case["name"]]["tokens_per_s"], 1), "tok/s", flush=True)
+    return out
 
 
-def timed(fn):
-    start = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - start, out
+def torch_side(args, cases) -> dict:
+    import torch
+    import transformers
+
+    torch.set_num_threads(os.cpu_count())
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32).eval()
+    eos = model.generation_config.eos_token_id
+    pad = model.generation_config.pad_token_id
+    pad = pad if pad is not None else (eos[0] if isinstance(eos, list) else eos)
+    out = {"torch": torch.__version__, "transformers": transformers.__version__, "threads": torch.get_num_threads()}
+    for case in cases:
+        tokens = torch.tensor(case["prompts"], dtype=torch.long)
+        n = case["new_tokens"]
+        kwargs = dict(max_new_tokens=n, pad_token_id=pad, attention_mask=torch.ones_like(tokens))
+        if case["greedy"]:
+            kwargs.update(do_sample=False)
+        else:
+            kwargs.update(do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                          num_return_sequences=case["samples"])
+        if not case["stop"]:
+            kwargs.update(min_new_tokens=n)
+
+        def run(tokens=tokens, kwargs=kwargs, case=case):
+            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16,
+                                                        enabled=args.precision == "bf16"):
+                generated = model.generate(tokens, **kwargs)[:, tokens.shape[1]:]
+            if case["stop"]:  # Count up to and including the first EOS.
+                eos_ids = eos if isinstance(eos, list) else [eos]
+                is_eos = torch.isin(generated, torch.tensor(eos_ids))
+                ended = torch.cumsum(is_eos.int(), dim=1) - is_eos.int() > 0
+                count = int((~ended).sum())
+            else:
+                count = generated.numel()
+            return count, generated[:, :8].tolist()
+        out[case["name"]] = time_calls(run, args.repeats)
+        print(case["name"], round(out[case["name"]]["tokens_per_s"], 1), "tok/s", flush=True)
+    return out
 
 
-def bench(config, tensors, batches, prompt_len, new_tokens, repeats, threads):
-    """{batch: {side: {...}}}: warm-up each side, then `repeats` alternating timed calls."""
-    sides = {"jax": jax_runner(config, tensors, new_tokens)}
-    torch_make, versions = torch_runner(config, tensors, new_tokens, threads)
-    if torch_make is not None:
-        sides["torch"] = torch_make
-    results = {}
-    for batch in batches:
-        tokens = make_prompts(batch, prompt_len, config.vocab_size)
-        runs = {name: make(tokens) for name, make in sides.items()}
-        row = {}
-        for name, (warm, _) in runs.items():
-            row[name] = {"first_call_s": timed(warm)[0], "seconds_all": []}
-        for _ in range(repeats):
-            for name, (_, run) in runs.items():
-                seconds, out = timed(run)
-                assert out.shape == (batch, new_tokens), out.shape
-                row[name]["seconds_all"].append(seconds)
-                row[name]["tokens"] = out
-        for name, r in row.items():
-            r["seconds"] = float(np.median(r["seconds_all"]))
-            r["tokens_per_s"] = batch * new_tokens / r["seconds"]
-            r["tokens_per_s_min_max"] = [batch * new_tokens / max(r["seconds_all"]),
-                                         batch * new_tokens / min(r["seconds_all"])]
-            print(f"{name:6s} batch {batch:3d}: {r['tokens_per_s']:8.1f} tok/s median "
-                  f"(range {r['tokens_per_s_min_max'][0]:.1f}-{r['tokens_per_s_min_max'][1]:.1f}; "
-                  f"first call {r['first_call_s']:.1f} s)", flush=True)
-        results[batch] = row
-    return results, versions
+def child(args) -> None:
+    with open(args.cases) as f:
+        cases = json.load(f)
+    load_start = os.getloadavg()[0]
+    result = (jax_side if args.side == "jax" else torch_side)(args, cases)
+    result.update(precision=args.precision, load_1m_start=load_start, load_1m_end=os.getloadavg()[0])
+    with open(args.child_out, "w") as f:
+        json.dump(result, f)
 
 
-def run_one(args, threads: int) -> dict:
-    """One thread count, in this process (call before jax/torch start their thread pools)."""
-    cores = sorted(os.sched_getaffinity(0))
-    if threads > len(cores):
-        raise SystemExit(f"--threads {threads} but only {len(cores)} cores are available.")
-    os.sched_setaffinity(0, cores[:threads])
-    # Torch's OpenMP threads otherwise busy-wait at every barrier: with another process on one
-    # of the cores, a 2-thread transformers run fell from 14 to 2.5 tok/s at batch 1 here.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    if threads == 1:
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
-
-    import jax
-
-    batches = [int(b) for b in args.batches.split(",")]
-    config, tensors, source = load_weights(args.gguf)
-    load_start = os.getloadavg()
-    print(f"model: {source}; {config.num_layers} layers, width {config.hidden_size}; prompt {args.prompt_len}, "
-          f"{args.new_tokens} new tokens, greedy; backend {jax.default_backend()}; {threads} thread(s), "
-          f"median of {args.repeats}; load average {load_start[0]:.1f}", flush=True)
-    results, versions = bench(config, tensors, batches, args.prompt_len, args.new_tokens, args.repeats, threads)
-    report = {"model": source, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-              "jax": jax.__version__, "backend": jax.default_backend(), "threads": threads,
-              "repeats": args.repeats, "statistic": "median", "load_average_at_start": load_start,
-              "load_average_at_end": os.getloadavg(), "machine": platform.machine(),
-              "omp_wait_policy": os.environ["OMP_WAIT_POLICY"], **versions, "batches": {}}
-    print(f"\n{'batch':>5} {'jax tok/s':>10} {'torch tok/s':>12} {'ratio':>6} {'same tokens':>12}")
-    for batch in batches:
-        j = results[batch]["jax"]
-        row = {"jax_tokens_per_s": j["tokens_per_s"], "jax_tokens_per_s_min_max": j["tokens_per_s_min_max"],
-               "jax_seconds": j["seconds"], "jax_seconds_all": j["seconds_all"], "jax_first_call_s": j["first_call_s"]}
-        line = f"{batch:5d} {row['jax_tokens_per_s']:10.1f}"
-        if "torch" in results[batch]:
-            t = results[batch]["torch"]
-            agree = float((t["tokens"] == j["tokens"]).mean())
-            row.update(torch_tokens_per_s=t["tokens_per_s"], torch_tokens_per_s_min_max=t["tokens_per_s_min_max"],
-                       torch_seconds=t["seconds"], torch_seconds_all=t["seconds_all"],
-                       ratio=row["jax_tokens_per_s"] / t["tokens_per_s"], greedy_token_agreement=agree)
-            line += f" {t['tokens_per_s']:12.1f} {row['ratio']:6.2f} {agree:12.3f}"
-        report["batches"][str(batch)] = row
-        print(line, flush=True)
-    return report
-
-
-def main(argv=None) -> None:
-    import get_smollm2
-
+def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gguf", default=get_smollm2.default_path())
+    peers = os.environ.get("PEERS_ROOT", os.path.expanduser("~/.cache/jaxrl_vr-peers"))
+    parser.add_argument("--model-dir", default=os.path.join(peers, "models", "smollm2-135m"))
+    parser.add_argument("--torch-python", default=os.path.join(peers, "venv-trl", "bin", "python"))
+    parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--batches", default="1,8,64")
-    parser.add_argument("--prompt-len", type=int, default=16)
-    parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--threads", default=None,
-                        help="comma-separated thread counts, each run in its own process (default: all cores)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed calls per point; the median counts")
-    parser.add_argument("--out", default="benchmarks/decode_results.json")
-    parser.add_argument("--single", action="store_true", help=argparse.SUPPRESS)  # Child process: one count.
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--long-new-tokens", type=int, default=512, help="0 skips the long-response case")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default=os.path.join(HERE, "decode_results.json"))
+    parser.add_argument("--side", choices=("jax", "torch"), help=argparse.SUPPRESS)  # child process
+    parser.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
+    parser.add_argument("--cases", help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    counts = [int(n) for n in args.threads.split(",")] if args.threads else [len(os.sched_getaffinity(0))]
-    if args.single or len(counts) == 1:
-        report = run_one(args, counts[0])
-        if not args.single:
-            report = {"runs": {str(counts[0]): report}}
-    else:
-        import subprocess
-        import tempfile
+    if args.side:
+        return child(args)
 
-        report = {"runs": {}}
-        for n in counts:
-            with tempfile.TemporaryDirectory() as tmp:
-                child_out = os.path.join(tmp, "run.json")
-                command = [sys.executable, os.path.abspath(__file__), "--single", "--threads", str(n),
-                           "--gguf", str(args.gguf), "--batches", args.batches, "--prompt-len", str(args.prompt_len),
-                           "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats), "--out", child_out]
-                print(f"\n=== {n} thread(s) ===", flush=True)
-                subprocess.run(command, check=True)
-                with open(child_out) as f:
-                    report["runs"][str(n)] = json.load(f)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    sys.path.insert(0, os.path.dirname(HERE))
+    from jaxrl_vr.models import load_tokenizer
+
+    work = tempfile.mkdtemp(prefix="decode_")
+    cases_path = os.path.join(work, "cases.json")
+    cases = make_cases(args, load_tokenizer(args.model_dir))
+    with open(cases_path, "w") as f:
+        json.dump(cases, f)
+    report = {"model": os.path.basename(os.path.normpath(args.model_dir)), "cpu_count": os.cpu_count(),
+              "repeats": args.repeats, "cases": {c["name"]: {k: v for k, v in c.items() if k != "prompts"}
+                                                 for c in cases}, "runs": {}}
+    for precision in args.precisions.split(","):
+        sides = {}
+        for side, python in (("jax", sys.executable), ("torch", args.torch_python)):
+            out_path = os.path.join(work, f"{side}_{precision}.json")
+            print(f"=== {side} {precision} ===", flush=True)
+            subprocess.run([python, os.path.abspath(__file__), "--side", side, "--precision", precision,
+                            "--cases", cases_path, "--child-out", out_path, "--model-dir", args.model_dir,
+                            "--repeats", str(args.repeats)], check=True)
+            with open(out_path) as f:
+                sides[side] = json.load(f)
+        rows = {}
+        for case in cases:
+            j, t = sides["jax"][case["name"]], sides["torch"][case["name"]]
+            rows[case["name"]] = {"jax_tokens_per_s": j["tokens_per_s"], "torch_tokens_per_s": t["tokens_per_s"],
+                                  "ratio": j["tokens_per_s"] / t["tokens_per_s"],
+                                  "first8_token_agreement": float(np.mean(np.asarray(j["tokens"]) ==
+                                                                          np.asarray(t["tokens"])))
+                                  if case["greedy"] else None,
+                                  "jax": {k: v for k, v in j.items() if k != "tokens"},
+                                  "torch": {k: v for k, v in t.items() if k != "tokens"}}
+        report["runs"][precision] = {"cases": rows, **{f"{s}_{k}": v for s in sides for k, v in sides[s].items()
+                                                       if not isinstance(v, dict)}}
+    print(f"\n{'precision':>9} {'case':>8} {'jax tok/s':>10} {'torch tok/s':>12} {'ratio':>6}")
+    for precision, run in report["runs"].items():
+        for name, row in run["cases"].items():
+            print(f"{precision:>9} {name:>8} {row['jax_tokens_per_s']:10.1f} {row['torch_tokens_per_s']:12.1f} "
+                  f"{row['ratio']:6.2f}")
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
     print(f"wrote {args.out}")
+    return report
 
 
 if __name__ == "__main__":

@@ -430,6 +430,27 @@ def set_compute_dtype(model: Decoder, compute_dtype: str | None) -> Decoder:
     return model
 
 
+MATMUL_WEIGHT_NAMES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+"""Stacked block matrices (the bulk of the parameters): only ever read as matmul operands."""
+
+
+def cast_matmul_weights(model: Decoder) -> Decoder:
+    """Casts the stacked block matrices of `model` to its compute dtype, in place; returns it.
+
+    For inference under mixed precision (the sampler calls it on its merged copy inside
+    jit): every decode step would otherwise re-read the float32 master matrices and convert
+    them to bf16 again. The numerics are unchanged (`mixed_einsum` casts to the same dtype);
+    norms, biases and the (tied) embedding keep the parameter dtype. Do not differentiate
+    through it: the gradients of the cast matrices would be bf16.
+    """
+    dtype = jnp.dtype(model.config.matmul_dtype)
+    for name in MATMUL_WEIGHT_NAMES:
+        param = getattr(model.layers, name)
+        if param is not None and param[...].dtype != dtype:
+            param.set_value(param[...].astype(dtype))
+    return model
+
+
 def num_params(model: Decoder) -> int:
     """Total number of parameters."""
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

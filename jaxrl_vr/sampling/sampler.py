@@ -26,7 +26,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_vr import ratios
-from jaxrl_vr.models.decoder import Decoder, default_positions
+from jaxrl_vr.models.decoder import Decoder, cast_matmul_weights, default_positions
 
 DEFAULT_BUCKET = 16
 
@@ -98,15 +98,61 @@ def argmax_last(x_bv: jax.Array) -> jax.Array:
     return first_b.astype(jnp.int32)
 
 
+CDF_BLOCK = 256
+"""Vocabulary block size of `categorical_inverse_cdf`'s two-level search."""
+
+
+def categorical_inverse_cdf(key: jax.Array, logits_bv: jax.Array) -> jax.Array:
+    """One draw per row from softmax(logits_bv) by inverse-CDF with a single uniform per row.
+
+    `jax.random.categorical` (Gumbel-max) draws V random numbers per row: over a 49k
+    vocabulary at batch 64 that is ~94 ms of CPU per decode step, ~6x the rest of the
+    sampling math. Here u ~ U[0, 1) · Σp picks the block of `CDF_BLOCK` tokens whose
+    cumulative mass first exceeds u, then the token inside it, so the cost is one exp per
+    logit plus block-local cumulative sums (p = exp(z − max z), unnormalised). Tokens with
+    p = 0 (filtered logits at finfo.min) are never drawn: the search takes the first index
+    whose cumulative mass is > u, and rounding at a block's end falls back to its last
+    positive-mass token. Same key => same draw; a different stream than `categorical`.
+
+    Args:
+      key: PRNG key.
+      logits_bv: float [B, V] logits (already tempered/filtered).
+
+    Returns:
+      int32 [B] token ids.
+    """
+    batch, vocab = logits_bv.shape
+    logits_bv = logits_bv.astype(jnp.float32)
+    num_blocks = -(-vocab // CDF_BLOCK)
+    pad = num_blocks * CDF_BLOCK - vocab
+    probs_bv = jnp.exp(logits_bv - jnp.max(logits_bv, axis=-1, keepdims=True))
+    probs_bnk = jnp.pad(probs_bv, ((0, 0), (0, pad))).reshape(batch, num_blocks, CDF_BLOCK)
+    cum_bnk = jnp.cumsum(probs_bnk, axis=-1)  # Block-local cumulative mass.
+    cum_bn = jnp.cumsum(cum_bnk[:, :, -1], axis=-1)
+    u_b = jax.random.uniform(key, (batch,), jnp.float32) * cum_bn[:, -1]
+    block_index_n = jnp.arange(num_blocks, dtype=jnp.int32)[None, :]
+    last_block_b = jnp.max(jnp.where(cum_bnk[:, :, -1] > 0, block_index_n, 0), axis=-1)
+    block_b = jnp.minimum(jnp.sum(cum_bn <= u_b[:, None], axis=-1, dtype=jnp.int32), last_block_b)
+    before_b = jnp.where(block_b > 0, jnp.take_along_axis(cum_bn, jnp.maximum(block_b - 1, 0)[:, None], -1)[:, 0],
+                         0.0)
+    rest_b = jnp.maximum(u_b - before_b, 0.0)
+    cum_bk = jnp.take_along_axis(cum_bnk, block_b[:, None, None], axis=1)[:, 0]
+    probs_bk = jnp.take_along_axis(probs_bnk, block_b[:, None, None], axis=1)[:, 0]
+    index_k = jnp.arange(CDF_BLOCK, dtype=jnp.int32)[None, :]
+    last_positive_b = jnp.max(jnp.where(probs_bk > 0, index_k, 0), axis=-1)
+    within_b = jnp.minimum(jnp.sum(cum_bk <= rest_b[:, None], axis=-1, dtype=jnp.int32), last_positive_b)
+    return block_b * CDF_BLOCK + within_b
+
+
 def sample_token(key: jax.Array, logits_bv: jax.Array, *, temperature: jax.Array, top_k: jax.Array,
                  top_p: jax.Array, greedy: bool, use_filter: bool) -> jax.Array:
-    """One token per row: argmax when `greedy`, else categorical over filtered logits / T."""
+    """One token per row: argmax when `greedy`, else a categorical draw over filtered logits / T."""
     if greedy:
         return argmax_last(logits_bv)
     scaled_bv = logits_bv / temperature
     if use_filter:
         scaled_bv = filter_logits(scaled_bv, top_k=top_k, top_p=top_p)
-    return jax.random.categorical(key, scaled_bv, axis=-1).astype(jnp.int32)
+    return categorical_inverse_cdf(key, scaled_bv)
 
 
 def _prefill(model: Decoder, tokens_ps, mask_ps, max_len: int):
@@ -122,7 +168,8 @@ def _prefill(model: Decoder, tokens_ps, mask_ps, max_len: int):
 def _generate_core(graphdef, state, key, tokens_ps, mask_ps, max_new_tokens, temperature, top_p, top_k,
                    stop_ids_n, pad_id, *, num_samples: int, buffer_len: int, greedy: bool, use_filter: bool):
     TRACE_COUNTS["generate"] += 1
-    model = nnx.merge(graphdef, state)
+    # Mixed precision: cast the block matrices once per call, not once per decode step.
+    model = cast_matmul_weights(nnx.merge(graphdef, state))
     num_prompts, prompt_len = tokens_ps.shape
     batch = num_prompts * num_samples
     logits_pv, cache = _prefill(model, tokens_ps, mask_ps, prompt_len + buffer_len)

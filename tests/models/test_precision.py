@@ -222,3 +222,18 @@ def test_smollm2_mixed_precision_logits_close_to_fp32():
     kl = np.asarray(jnp.sum(jnp.exp(logp32) * (logp32 - logp16), axis=-1))
     assert kl.mean() <= 1e-3 and kl.max() <= 1e-2, (kl.mean(), kl.max())
     assert (logits16.argmax(-1) == logits32.argmax(-1)).mean() >= 0.95
+
+
+def test_cast_matmul_weights_changes_dtypes_not_logits():
+    """The sampler's one-off cast of the block matrices gives the same bf16-compute logits."""
+    from jaxrl_vr.models.decoder import MATMUL_WEIGHT_NAMES, cast_matmul_weights
+
+    path = os.path.join(FIXTURES, "tiny_qwen2")
+    model = set_compute_dtype(from_pretrained(path), "bfloat16")
+    tokens_bt = jnp.asarray(np.arange(1, 11, dtype=np.int32).reshape(2, 5))
+    mask_bt = jnp.ones(tokens_bt.shape, bool)
+    before = _forward(model, tokens_bt, mask_bt)
+    cast_matmul_weights(model)
+    assert {getattr(model.layers, n)[...].dtype for n in MATMUL_WEIGHT_NAMES} == {jnp.dtype(jnp.bfloat16)}
+    assert model.embed[...].dtype == model.layers.attn_norm[...].dtype == model.layers.bq[...].dtype == jnp.float32
+    np.testing.assert_array_equal(_forward(model, tokens_bt, mask_bt), before)

@@ -13,7 +13,7 @@ from flax import nnx
 from jaxrl_vr.models import from_pretrained, set_compute_dtype
 from jaxrl_vr.sampling import filter_logits, generate, sample_token
 from jaxrl_vr.sampling import sampler as sampler_lib
-from jaxrl_vr.sampling.sampler import argmax_last
+from jaxrl_vr.sampling.sampler import CDF_BLOCK, argmax_last, categorical_inverse_cdf
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
 NO_STOP = (-1,)  # A stop id that never occurs (keeps the stop-id array shape fixed: one id).
@@ -224,6 +224,25 @@ def test_sample_token_distribution():
     # Nucleus 0.9: mass before sorted tokens 0, .685, .932 -> keep .685 and .247, renormalised:
     expected = np.array([0.0, 0.25, 0.0, 0.09]) / 0.34
     np.testing.assert_allclose(counts, expected, atol=0.015)
+
+
+def test_inverse_cdf_draws_match_probabilities_across_blocks():
+    """Mass spread over three vocabulary blocks, zero-probability tokens in between and at the
+    block edges (filtered logits at finfo.min): frequencies match, zero-mass tokens never drawn."""
+    vocab = 2 * CDF_BLOCK + 50
+    probs = np.zeros(vocab)
+    probs[[3, CDF_BLOCK - 1, CDF_BLOCK, 2 * CDF_BLOCK + 49]] = [0.1, 0.2, 0.3, 0.4]
+    logits = jnp.where(probs > 0, jnp.log(jnp.asarray(probs, jnp.float32)), jnp.finfo(jnp.float32).min)[None]
+    keys = jax.random.split(jax.random.key(0), 20000)
+    draws = np.asarray(jax.jit(jax.vmap(lambda k: categorical_inverse_cdf(k, logits)[0]))(keys))
+    counts = np.bincount(draws, minlength=vocab) / len(draws)
+    assert set(np.flatnonzero(counts)) <= set(np.flatnonzero(probs))
+    np.testing.assert_allclose(counts, probs, atol=0.015)  # 4.5 binomial sd at n = 20000.
+    # Same key, same draw; a batch of rows draws each row independently.
+    batch = jnp.concatenate([logits, logits[:, ::-1]], axis=0)
+    first = categorical_inverse_cdf(jax.random.key(3), batch)
+    np.testing.assert_array_equal(first, categorical_inverse_cdf(jax.random.key(3), batch))
+    assert first.dtype == jnp.int32 and probs[int(first[0])] > 0 and probs[::-1][int(first[1])] > 0
 
 
 def test_input_errors(llama):
