@@ -41,7 +41,10 @@ LONG_SAMPLES = 8
 
 def make_cases(args, tokenizer) -> list[dict]:
     rng = np.random.default_rng(0)
-    cases = [{"name": f"batch{b}", "prompts": rng.integers(100, 49000, size=(b, 16)).tolist(), "samples": 1,
+    with open(os.path.join(args.model_dir, "config.json")) as f:
+        vocab = int(json.load(f)["vocab_size"])
+    cases = [{"name": f"batch{b}", "prompts": rng.integers(min(100, vocab // 2), vocab, size=(b, 16)).tolist(),
+              "samples": 1,
               "new_tokens": args.new_tokens, "greedy": True, "stop": False}
              for b in (int(x) for x in args.batches.split(",") if x)]
     if args.long_new_tokens > 0:

@@ -59,10 +59,10 @@ def profile(fn, labels, top: int, trace_dir: str) -> tuple[float, list]:
     per_op = collections.Counter()
     for plane in data.planes:
         for line in plane.lines:
-            if "XLAPjRtCpuClient" not in line.name:
+            if line.name == "python" or "ThreadpoolListener" in line.name:
                 continue
             for event in line.events:
-                if not event.name.startswith("end:") and not event.name.startswith("ThunkExecutor"):
+                if not event.name.startswith(("end:", "ThunkExecutor", "ThreadpoolListener")):
                     per_op[event.name] += event.duration_ns / 1e9
     total = sum(per_op.values())
     rows = [(name, seconds, seconds / total, labels.get(name, "")) for name, seconds in per_op.most_common(top)]
