@@ -38,11 +38,12 @@ def cpu_flags() -> dict:
     return {"flags": sorted(flags), "model": model.group(1) if model else "", "cores": os.cpu_count()}
 
 
-def run(cmd: list[str], log_path: str) -> float:
+def run(cmd: list[str], log_path: str, env: dict | None = None) -> float:
     t0 = time.time()
     print("$ " + " ".join(cmd), flush=True)
     with open(log_path, "w") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                              env=None if env is None else {**os.environ, **env})
     if proc.returncode:
         tail = open(log_path).read()[-3000:]
         raise SystemExit(f"command failed ({proc.returncode}); log {log_path}:\n{tail}")
@@ -60,6 +61,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--trl-micro-batch", type=int, default=8,
                         help="TRL sequences per forward/backward (ours: 8 micro-batches of 8); 0 = all 64 "
                              "at once (TRL's default, ~17 GB peak RSS)")
+    parser.add_argument("--trl-omp-wait-policy", default="PASSIVE",
+                        help="OMP_WAIT_POLICY for TRL (torch's default busy-waiting OpenMP threads stall "
+                             "badly when other processes hold a core; '' keeps torch's default)")
     parser.add_argument("--out", default=os.path.join(HERE, "rl_step_results.json"))
     parser.add_argument("--ours-args", default="", help="extra arguments for benchmarks/rl_step.py")
     args = parser.parse_args(argv)
@@ -76,7 +80,8 @@ def main(argv=None) -> dict:
          "-W", str(args.warmup), "-N", str(args.steps)], os.path.join(work, "prompts.log"))
 
     results = {"cpu": cpu_flags(), "warmup": args.warmup, "steps": args.steps,
-               "trl_micro_batch": args.trl_micro_batch, "runs": {}, "ratios": {}}
+               "trl_micro_batch": args.trl_micro_batch, "trl_omp_wait_policy": args.trl_omp_wait_policy,
+               "runs": {}, "ratios": {}}
     for precision in args.precisions.split(","):
         ours_json = os.path.join(work, f"ours_{precision}.json")
         load_before = os.getloadavg()[0]
@@ -89,7 +94,8 @@ def main(argv=None) -> dict:
         run([trl_python, os.path.join(args.peers_dir, "bench_trl.py"), "--model", model_dir,
              "-W", str(args.warmup), "-N", str(args.steps), "--micro-batch", str(args.trl_micro_batch),
              "--json-out", trl_json] + (["--bf16"] if precision == "bf16" else []),
-            os.path.join(work, f"trl_{precision}.log"))
+            os.path.join(work, f"trl_{precision}.log"),
+            env={"OMP_WAIT_POLICY": args.trl_omp_wait_policy} if args.trl_omp_wait_policy else None)
         trl = json.loads(open(trl_json).read().splitlines()[-1])
         trl["load_1m_start"], trl["load_1m_end"] = trl_load_before, os.getloadavg()[0]
         ours["load_1m_before_run"] = load_before
