@@ -37,6 +37,7 @@ __all__ = [
     "fit_spec",
     "model_shardings",
     "shard_model",
+    "train_state_shardings",
     "init_sharded",
     "data_sharding",
     "shard_batch",
@@ -136,6 +137,17 @@ def model_shardings(state: nnx.State, mesh: Mesh) -> nnx.State:
         return NamedSharding(mesh, param_partition_spec(keys, np.shape(leaf), mesh))
 
     return jax.tree_util.tree_map_with_path(sharding, state)
+
+
+def train_state_shardings(train_state: Any, mesh: Mesh) -> Any:
+    """NamedShardings of a whole train state (params, optimizer moments, counters).
+
+    Optimizer moments mirror the params' tree, so each leaf gets its parameter's rule by
+    the last name on its path (``wq`` of ``mu`` shards like ``wq``); counters, learning
+    rates and controller states are replicated. Params and optimizer state then take about
+    1/(fsdp·tensor) of their bytes per device.
+    """
+    return model_shardings(train_state, mesh)
 
 
 def shard_model(model: nnx.Module, mesh: Mesh) -> nnx.Module:
