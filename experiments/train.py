@@ -22,6 +22,7 @@ from typing import NoReturn
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from jaxrl_vr.train.loop import RunInterrupted, VerifierFailure
 from jaxrl_vr.train.pipeline import PipelineConfig, WorkdirError, run_pipeline
 
 USAGE_ERROR = 2  # exit status for a user's mistake
@@ -30,6 +31,9 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, e.g. experiments/configs/default.py[:smoke].", lock_config=True
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; resumable).")
+_REEVALUATE = flags.DEFINE_bool(
+    "reevaluate", False, "Evaluate a finished run again (into summary_reevaluated.json).")
+INTERRUPTED = 130  # exit status after SIGINT / SIGTERM (the last complete step is checkpointed)
 
 
 def fail(message: str) -> NoReturn:
@@ -198,10 +202,18 @@ def main(argv):
     if problem:
         fail(problem)
     try:
-        run_pipeline(cfg, _WORKDIR.value)
+        run_pipeline(cfg, _WORKDIR.value, reevaluate=_REEVALUATE.value)
     except WorkdirError as err:
         print(f"error: {err}", file=sys.stderr)
         return USAGE_ERROR
+    except ValueError as err:  # config validation (before any work) and data problems
+        fail(str(err))
+    except RunInterrupted as err:
+        print(f"stopped: {err}", file=sys.stderr)
+        return INTERRUPTED
+    except VerifierFailure as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "DynamicBatch",
     "DynamicBatcher",
     "RecheckSchedule",
+    "dynamic_batch",
 ]
 
 
@@ -388,3 +389,52 @@ class RecheckSchedule:
                 f"RecheckSchedule checkpoint has shape {until.shape}, expected ({self.num_prompts},)."
             )
         self._until_p, self._strikes_p = until.copy(), strikes.copy()
+
+
+def dynamic_batch(sample_round, next_prompts, *, num_prompts: int, num_samples: int,
+                  max_rounds: int, success_threshold: float = 0.5, recheck=None, step: int = 0):
+    """DAPO dynamic sampling as a batch strategy (``jaxrl_vr.train.rounds``' signature).
+
+    Samples rounds of ``num_prompts`` prompts until ``num_prompts`` informative groups
+    (verifier scores not all equal) are kept or ``max_rounds`` rounds are spent; a short
+    batch is padded with invalid groups so shapes never change. Every round's tokens count
+    in the budget (its stats are summed). The keep decision uses the verifier scores, not
+    the shaped rewards, as DAPO filters on accuracy.
+
+    Args:
+      sample_round: ``(prompt_idx, num_samples) -> Round``.
+      next_prompts: ``num -> prompt_idx``.
+      recheck: optional ``RecheckSchedule`` that records each round's filter verdicts.
+      step: the RL step (for ``recheck``).
+
+    Returns:
+      a Round of ``num_prompts`` groups with ``dynamic/*`` stats, plus ``all_groups``
+      reward/pass statistics over every sampled group under ``sampled/*``.
+    """
+    from jaxrl_vr.train import rounds as rounds_lib
+
+    batcher = DynamicBatcher(num_prompts, max_rounds=max_rounds,
+                             success_threshold=success_threshold)
+    kept, stats = [], {}
+    sampled_rewards, sampled_success, sampled_valid = [], [], []
+    while not batcher.done:
+        round_ = sample_round(next_prompts(num_prompts), num_samples)
+        stats = rounds_lib.add_stats(stats, round_.stats)
+        keep_p = batcher.add(round_.prompt_idx_p, round_.rewards_b.reshape(round_.valid_pg.shape),
+                             round_.valid_pg,
+                             filter_on_pg=round_.scores_b.reshape(round_.valid_pg.shape))
+        if recheck is not None:
+            recheck.record(round_.prompt_idx_p, ~keep_p, step)
+        sampled_rewards.append(round_.rewards_b[round_.valid_pg.reshape(-1)])
+        sampled_success.append(round_.scores_b[round_.valid_pg.reshape(-1)] >= success_threshold)
+        if keep_p.any():
+            kept.append(rounds_lib.select_groups(round_, keep_p))
+    stats.update({k: float(v) for k, v in batcher.result().stats.items()})
+    stats["sampled/reward"] = float(np.concatenate(sampled_rewards).mean())
+    stats["sampled/pass_rate"] = float(np.concatenate(sampled_success).mean())
+    if not kept:  # nothing informative: one all-invalid batch of the last round's prompts
+        empty = rounds_lib.invalidate(round_, np.zeros_like(round_.valid_pg))
+        return empty._replace(stats=stats)
+    batch = rounds_lib.concat_groups(kept, stats=stats)
+    batch = rounds_lib.select_groups(batch, np.arange(min(batch.num_prompts, num_prompts)))
+    return rounds_lib.pad_groups(batch, num_prompts)

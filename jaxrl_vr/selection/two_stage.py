@@ -24,6 +24,7 @@ __all__ = [
     "merge_probe_and_continuation",
     "adaptive_group_sizes",
     "group_valid_mask",
+    "two_stage_batch",
 ]
 
 
@@ -229,3 +230,44 @@ def group_valid_mask(g_p: Any, g_max: int) -> np.ndarray:
     if np.any(g < 0) or np.any(g > g_max):
         raise ValueError(f"group sizes must lie in [0, {g_max}], got min {g.min()}, max {g.max()}.")
     return np.arange(g_max)[None, :] < g[:, None]
+
+
+def two_stage_batch(sample_round, next_prompts, *, num_prompts: int, g_probe: int, g_full: int,
+                    lo: float, hi: float, adaptive_g_max: int | None = None):
+    """Two-stage sampling as a batch strategy (``jaxrl_vr.train.rounds``' signature).
+
+    Probe the next P prompts with G_probe samples each. Then either
+
+    * fixed (``adaptive_g_max=None``): prompts whose probe pass rate (mean verifier score)
+      lies in [lo, hi] get G_full − G_probe more samples; the batch is [P, G_full];
+    * adaptive G: the fixed total P·G_full is split by ``adaptive_group_sizes`` over the
+      probe pass rates (every prompt keeps G_probe, in-band prompts get more ∝ p̂(1−p̂), at
+      most ``adaptive_g_max``); the batch is [P, adaptive_g_max].
+
+    Samples a prompt did not get are invalid padding (ragged groups), so the train step's
+    shapes never change. One continuation call per distinct extra count; every generated
+    token of both stages is in the round's stats.
+    """
+    from jaxrl_vr.train import rounds as rounds_lib
+
+    probe = sample_round(next_prompts(num_prompts), g_probe)
+    shape_pg = probe.valid_pg.shape
+    rate_p = np.asarray(probe_pass_rate(probe.scores_b.reshape(shape_pg), probe.valid_pg))
+    if adaptive_g_max is None:
+        width = g_full
+        continue_p = np.asarray(probe_continue(probe.scores_b.reshape(shape_pg), probe.valid_pg,
+                                               lo=lo, hi=hi), bool)
+        extra_p = continuation_counts(continue_p, g_probe=g_probe, g_full=g_full)
+    else:
+        width = adaptive_g_max
+        g_p = adaptive_group_sizes(rate_p, total=num_prompts * g_full, g_min=g_probe,
+                                   g_max=adaptive_g_max, lo=lo, hi=hi)
+        extra_p = g_p - g_probe
+    batch = rounds_lib.widen(probe, width)
+    for extra in np.unique(extra_p[extra_p > 0]):
+        rows = np.flatnonzero(extra_p == extra)
+        more = sample_round(probe.prompt_idx_p[rows], int(extra))
+        batch = rounds_lib.place_samples(batch, more, rows, g_probe)
+    stats = dict(batch.stats)
+    stats["two_stage/continued_frac"] = float((extra_p > 0).mean())
+    return batch._replace(stats=stats)

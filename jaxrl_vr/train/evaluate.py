@@ -33,6 +33,7 @@ def count_successes(
     prompts_per_chunk: int = 16,
     prompt_width: int | None = None,
     chat: bool = False,
+    system_prompt: str | None = None,
     scorer: Callable | None = None,
     success_threshold: float = 0.5,
 ) -> dict:
@@ -49,6 +50,7 @@ def count_successes(
       prompts_per_chunk: prompts per sampler call.
       prompt_width: fixed prompt width (default: the longest prompt).
       chat: wrap prompts in the chat template.
+      system_prompt: system message of chat prompts (None = the template's default).
       scorer: ``score(items, completions) -> VerifyResult``; default in-process scoring.
       success_threshold: a sample counts as correct when its score is >= this.
 
@@ -67,7 +69,8 @@ def count_successes(
         raise ValueError("count_successes needs at least one item.")
     width = (
         prompt_width
-        or encode_prompts(tokenizer, [it.prompt for it in items], chat=chat)[0].shape[1]
+        or encode_prompts(tokenizer, [it.prompt for it in items], chat=chat,
+                          system_prompt=system_prompt)[0].shape[1]
     )
     chunk = min(prompts_per_chunk, len(items))
     counts = np.zeros(len(items), np.int64)
@@ -78,7 +81,8 @@ def count_successes(
         part = items[start : start + chunk]
         real = len(part)
         part = part + [part[-1]] * (chunk - real)
-        tokens_ps, mask_ps = encode_prompts(tokenizer, [it.prompt for it in part], width, chat=chat)
+        tokens_ps, mask_ps = encode_prompts(tokenizer, [it.prompt for it in part], width, chat=chat,
+                                          system_prompt=system_prompt)
         key, sub = jax.random.split(key)
         rollout = generate(
             sub,

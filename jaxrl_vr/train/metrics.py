@@ -217,3 +217,73 @@ class ProgressBar:
             self._bar.close()
         elif self._plain and self._done > self._printed_step:
             self._print_line(self._clock())
+
+
+# ------------------------------------------------------------------------- rollout metrics
+
+
+def masked_stats(values: np.ndarray, mask: np.ndarray, prefix: str) -> dict[str, float]:
+    """``{prefix}_mean``, ``_std`` and ``_abs_max`` over the masked entries (0 when empty)."""
+    vals = np.asarray(values)[np.asarray(mask, bool)]
+    if vals.size == 0:
+        return {f"{prefix}_mean": 0.0, f"{prefix}_std": 0.0, f"{prefix}_abs_max": 0.0}
+    return {
+        f"{prefix}_mean": float(vals.mean()),
+        f"{prefix}_std": float(vals.std()),
+        f"{prefix}_abs_max": float(np.abs(vals).max()),
+    }
+
+
+def rollout_metrics(round_, adv_pg, behaviour_logp_bt, *, success_threshold: float = 0.5
+                    ) -> dict[str, float]:
+    """Scalars of one training batch (host numpy), over valid samples only.
+
+    Args:
+      round_: the batch's ``jaxrl_vr.train.rounds.Round``.
+      adv_pg: [P, G] advantages.
+      behaviour_logp_bt: [B, T] trainer log-probs (compared with the sampler's), or None
+        when they were not computed (the gap metrics are then left out).
+      success_threshold: a verifier score >= this is a success.
+
+    Returns:
+      reward, score and pass rate of the trained groups (``reward`` and ``pass_rate`` are
+      over every sampled group when the batch strategy filtered groups: the kept-only
+      values are then ``kept/reward`` and ``kept/pass_rate``), group fractions, length,
+      truncation, the sampler/trainer log-prob gap and advantage statistics.
+    """
+    valid_pg = np.asarray(round_.valid_pg, bool)
+    valid_b = valid_pg.reshape(-1)
+    shape = valid_pg.shape
+    rewards_pg = np.asarray(round_.rewards_b).reshape(shape)
+    success_pg = np.asarray(round_.scores_b).reshape(shape) >= success_threshold
+    mask_bt = np.asarray(round_.mask_bt, bool)
+    group_ok = valid_pg.any(axis=1)
+    spread_p = (np.where(valid_pg, rewards_pg, -np.inf).max(1)
+                - np.where(valid_pg, rewards_pg, np.inf).min(1))
+    informative = group_ok & (np.where(group_ok, spread_p, 0.0) > 0)
+    any_valid = bool(valid_b.any())
+
+    def mean(values):
+        return float(np.mean(values)) if np.size(values) else 0.0
+
+    reward = mean(rewards_pg[valid_pg])
+    pass_rate = mean(success_pg[valid_pg])
+    out = {
+        "reward": round_.stats.get("sampled/reward", reward),
+        "pass_rate": round_.stats.get("sampled/pass_rate", pass_rate),
+        "kept/reward": reward,
+        "kept/pass_rate": pass_rate,
+        "score": mean(np.asarray(round_.scores_b)[valid_b]),
+        "valid_group_frac": float(informative.mean()),
+        "all_correct_frac": float(((success_pg | ~valid_pg).all(1) & group_ok).mean()),
+        "all_wrong_frac": float(((~success_pg | ~valid_pg).all(1) & group_ok).mean()),
+        "response_length": mean(np.asarray(round_.length_b)[valid_b]),
+        "truncation_rate": mean(np.asarray(round_.truncated_b)[valid_b]) if any_valid else 0.0,
+        "valid_sample_frac": float(valid_b.mean()),
+    }
+    if behaviour_logp_bt is not None:
+        gap_bt = np.asarray(round_.sampler_logp_bt) - np.asarray(behaviour_logp_bt)
+        out["logp_gap_sampler_trainer"] = mean(gap_bt[mask_bt])
+        out["logp_gap_abs_max"] = float(np.abs(gap_bt[mask_bt]).max()) if mask_bt.any() else 0.0
+    out.update(masked_stats(np.asarray(adv_pg).reshape(-1), valid_b, "adv"))
+    return out

@@ -1,32 +1,41 @@
-"""Host-side helpers of one rollout batch: prompt encoding, response decoding, scoring,
-rewards and the advantage-estimator dispatch (every formula lives in jaxrl_vr.advantages /
-jaxrl_vr.rewards)."""
+"""Host steps of a round: prompt encoding, response decoding, scoring and reward shaping.
+
+Every formula lives in ``jaxrl_vr.rewards`` (overlong penalty, total reward) and
+``jaxrl_vr.verifiers`` (scores, hack detectors); these helpers adapt them to the round
+sampler's callables (``jaxrl_vr.train.rounds.make_sample_round``).
+"""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_vr import advantages as adv_lib
 from jaxrl_vr import rewards as rewards_lib
 
-ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "loo", "maxrl", "curverl", "reinforce")
+
+def render_prompt_text(tokenizer, text: str, *, chat: bool = False,
+                       system_prompt: str | None = None) -> str:
+    """The prompt as the model sees it: the text, or the chat template's rendering of it as
+    the user turn (after ``system_prompt``; None = the template's own default)."""
+    if not chat:
+        return text
+    messages = ([{"role": "system", "content": system_prompt}] if system_prompt else [])
+    messages.append({"role": "user", "content": text})
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
 
 def encode_prompts(
-    tokenizer, prompts: Sequence[str], width: int | None = None, *, chat: bool = False
+    tokenizer, prompts: Sequence[str], width: int | None = None, *, chat: bool = False,
+    system_prompt: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Left-padded int32 [P, S] token ids (BOS first) and bool mask; S = ``width`` or longest."""
     rows = []
     for text in prompts:
-        if chat:
-            text = tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True
-            )
-        ids = tokenizer.encode(text, add_bos=tokenizer.bos_id is not None)
-        rows.append(ids)
+        text = render_prompt_text(tokenizer, text, chat=chat, system_prompt=system_prompt)
+        # A chat template already starts with its own BOS-like header.
+        rows.append(tokenizer.encode(text, add_bos=tokenizer.bos_id is not None and not chat))
     longest = max(len(r) for r in rows)
     width = longest if width is None else width
     if longest > width:
@@ -38,8 +47,8 @@ def encode_prompts(
     mask = np.zeros((len(rows), width), bool)
     for i, ids in enumerate(rows):
         if ids:
-            tokens[i, width - len(ids) :] = ids
-            mask[i, width - len(ids) :] = True
+            tokens[i, width - len(ids):] = ids
+            mask[i, width - len(ids):] = True
     return tokens, mask
 
 
@@ -49,37 +58,6 @@ def decode_responses(tokenizer, tokens_bt: np.ndarray, mask_bt: np.ndarray) -> l
         tokenizer.decode([int(t) for t, m in zip(row, row_mask) if m])
         for row, row_mask in zip(tokens_bt, mask_bt)
     ]
-
-
-def compute_advantages(estimator: str, rewards_pg, valid_pg, curverl_state, *, scores_pg=None):
-    """(adv_pg, new_curverl_state) from the configured estimator (SPEC §3.1).
-
-    ``scores_pg`` (verifier scores before penalties) give CurveRL its pass rates, so an
-    overlong or hack penalty in ``rewards_pg`` never changes which prompts it weights.
-    """
-    rewards_pg = jnp.asarray(rewards_pg, jnp.float32)
-    valid_pg = jnp.asarray(valid_pg, bool)
-    if estimator == "grpo":
-        return adv_lib.grpo(rewards_pg, valid_pg), curverl_state
-    if estimator == "dr_grpo":
-        return adv_lib.grpo(rewards_pg, valid_pg, scale="none"), curverl_state
-    if estimator == "loo":
-        return adv_lib.loo(rewards_pg, valid_pg), curverl_state
-    if estimator == "maxrl":
-        return adv_lib.maxrl(rewards_pg, valid_pg), curverl_state
-    if estimator == "reinforce":
-        return adv_lib.reinforce(rewards_pg, valid_pg), curverl_state
-    if estimator == "curverl":
-        return adv_lib.curverl(rewards_pg, curverl_state, valid_pg, success_pg=scores_pg)
-    raise ValueError(f"unknown advantage estimator {estimator!r}; one of {ADVANTAGE_ESTIMATORS}.")
-
-
-def overlong_penalty(length_b: np.ndarray, *, max_len: int, cache_len: int) -> np.ndarray:
-    """DAPO overlong penalty (``jaxrl_vr.rewards.overlong_penalty``) as host float32."""
-    return np.asarray(
-        rewards_lib.overlong_penalty(jnp.asarray(length_b), max_len=max_len, cache_len=cache_len),
-        np.float32,
-    )
 
 
 def make_scorer(num_workers: int, timeout_s: float):
@@ -92,12 +70,59 @@ def make_scorer(num_workers: int, timeout_s: float):
     return verifier_pool.score, verifier_pool.close
 
 
-def masked_stats(values: np.ndarray, mask: np.ndarray, prefix: str) -> dict[str, float]:
-    vals = values[mask]
-    if vals.size == 0:
-        return {f"{prefix}_mean": 0.0, f"{prefix}_std": 0.0, f"{prefix}_abs_max": 0.0}
-    return {
-        f"{prefix}_mean": float(vals.mean()),
-        f"{prefix}_std": float(vals.std()),
-        f"{prefix}_abs_max": float(np.abs(vals).max()),
-    }
+def make_round_scorer(items: Sequence, tokenizer, scorer: Callable, *, hack_detectors: Sequence[str] = (),
+                      on_result: Callable | None = None):
+    """``score(prompt_idx_b, tokens_bt, mask_bt, truncated_b) -> (scores_b, hack_b, stats)``.
+
+    Decodes the responses, scores them with ``scorer(items, completions)`` (a VerifierPool's
+    ``score`` or ``score_serial``), and runs the enabled hack detectors (``hack_b`` = 1
+    where any fired; None when none are enabled). ``on_result(items, completions, result)``
+    sees every verifier result (the error log uses it). Stats count statuses and each
+    detector's firing rate.
+    """
+
+    def score(prompt_idx_b, tokens_bt, mask_bt, truncated_b):
+        completions = decode_responses(tokenizer, tokens_bt, mask_bt)
+        items_b = [items[i] for i in prompt_idx_b]
+        result = scorer(items_b, completions)
+        if on_result is not None:
+            on_result(items_b, completions, result)
+        statuses = list(result.statuses)
+        stats = {}
+        stats["verifier_errors"] = float(sum(s == "error" for s in statuses))
+        stats["verifier_timeouts"] = float(sum(s == "timeout" for s in statuses))
+        stats["verifier_unparsable"] = float(sum(s == "unparsable" for s in statuses))
+        hack_b = None
+        if hack_detectors:
+            from jaxrl_vr.verifiers.hacks import hack_penalties
+
+            hack_b, flags = hack_penalties([it.prompt for it in items_b], completions,
+                                           truncated_b=truncated_b,
+                                           golds=[it.answer for it in items_b],
+                                           enabled=tuple(hack_detectors))
+            for name, fired in flags.items():
+                stats[f"hack/{name}"] = float(np.sum(fired))
+        return np.asarray(result.scores, np.float32), hack_b, stats
+
+    return score
+
+
+def make_reward_shaper(*, max_len: int, overlong_cache_len: int = 0, overlong_coef: float = 1.0,
+                       hack_coef: float = 0.0):
+    """``shape(scores_b, length_b, hack_b) -> (rewards_b, stats)``: R = R_verifier −
+    λ_len·P_overlong − λ_hack·P_hack (SPEC §5, ``rewards.total_reward``); each term's sum
+    is in the stats (``reward_terms/...``) so it is logged separately."""
+
+    def shape(scores_b, length_b, hack_b):
+        overlong_b = None
+        if overlong_cache_len > 0:
+            overlong_b = rewards_lib.overlong_penalty(jnp.asarray(length_b), max_len=max_len,
+                                                      cache_len=overlong_cache_len)
+        reward_b, terms = rewards_lib.total_reward(
+            jnp.asarray(scores_b), overlong_b=overlong_b,
+            hack_b=None if hack_coef == 0 or hack_b is None else jnp.asarray(hack_b),
+            len_coef=overlong_coef, hack_coef=hack_coef)
+        stats = {f"reward_terms/{name}": float(jnp.sum(value)) for name, value in terms.items()}
+        return np.asarray(reward_b, np.float32), stats
+
+    return shape

@@ -5,9 +5,10 @@ Everything that evaluates or compares runs goes through ``load_run`` and
 Layout read here (written by ``jaxrl_vr.train.pipeline.run_pipeline``):
 
   config.json              PipelineConfig.to_dict()
-  base/                    Checkpointer: SFT base params (host {"digest", "info"})
+  base/                    Checkpointer: SFT base params of the builtin model (host {"digest", "info"});
+                           other model sources reload the base from model.path
   base_calibration.json    {"counts": [P], "n": n_cal, ...} independent base samples
-  checkpoints/             Checkpointer: {"train": TrainState, "key", "curverl"} + host
+  checkpoints/             Checkpointer: the loop state {"train": TrainState, "key", "estimator"} + host
   summary.json             written when the run (RL + final evaluation) is complete
   metrics.jsonl            per-step metrics (budget/* fields, cumulative)
 """
@@ -18,7 +19,6 @@ import json
 import os
 from typing import Any, NamedTuple
 
-import jax
 import numpy as np
 from flax import nnx
 
@@ -136,20 +136,20 @@ def load_run(workdir: str | os.PathLike, checkpoint: str | int = "final") -> Loa
       RunNotFoundError: no such run.
       CheckpointNotFoundError: no such checkpoint (the message lists those available).
     """
-    from jaxrl_vr import advantages as adv_lib
-    from jaxrl_vr.train import pipeline
-    from jaxrl_vr.train.optim import make_optimizer
-    from jaxrl_vr.train.step import init_train_state, split_model
+    from jaxrl_vr.train import sources
+    from jaxrl_vr.train.config import PipelineConfig
+    from jaxrl_vr.train.loop import initial_loop_state
+    from jaxrl_vr.train.step import split_model
 
     workdir = _workdir(workdir)
     which = _parse_checkpoint(checkpoint)
     with open(os.path.join(workdir, "config.json")) as f:
-        cfg = pipeline.PipelineConfig.from_dict(json.load(f))
-    base_dir = os.path.join(workdir, "base")
+        cfg = PipelineConfig.from_dict(json.load(f))
     ckpt_dir = os.path.join(workdir, "checkpoints")
     steps = _complete_steps(ckpt_dir)
+    base_dir = os.path.join(workdir, "base")
     if which == "base":
-        if not _complete_steps(base_dir):
+        if cfg.model.source == "builtin" and not _complete_steps(base_dir):
             raise CheckpointNotFoundError(f"workdir {workdir} has no base checkpoint (base/ is missing or empty).")
     else:
         if not steps:
@@ -163,36 +163,22 @@ def load_run(workdir: str | os.PathLike, checkpoint: str | int = "final") -> Loa
                 f"workdir {workdir} has no checkpoint at step {which}; available: {steps} (or base, final)."
             )
 
-    tokenizer = pipeline.make_tokenizer()
-    _, eval_items, _ = pipeline.make_items(cfg)
-    model = pipeline.make_model(cfg.model, tokenizer, cfg.seed)
-    _, params, _ = split_model(model)
-    from jaxrl_vr.train.checkpoint import Checkpointer
+    data = sources.load_task(cfg)
+    eval_items = data.heldout
+    policy = sources.load_policy(cfg, workdir, data, log=lambda line: None)
+    model, tokenizer = policy.model, policy.tokenizer
+    step = 0
+    if which != "base":
+        from jaxrl_vr.train.checkpoint import Checkpointer
 
-    if which == "base":
-        ckpt = Checkpointer(base_dir, max_to_keep=None)
-        try:
-            params, _, _ = ckpt.restore(params)
-        finally:
-            ckpt.close()
-        step = 0
-    else:
-        template = {
-            "train": init_train_state(params, make_optimizer(cfg.optim), cfg.loss),
-            "key": jax.random.key_data(jax.random.key(0)),
-            "curverl": (
-                adv_lib.curverl_init(cfg.rl.prompts_per_step, window=cfg.rl.curverl_window)
-                if cfg.rl.advantage == "curverl"
-                else ()
-            ),
-        }
+        _, params, _ = split_model(model)
+        template = initial_loop_state(params, rl=cfg.rl, loss=cfg.loss, optim=cfg.optim)._asdict()
         ckpt = Checkpointer(ckpt_dir, max_to_keep=None)
         try:
             state, _, step = ckpt.restore(template, which)
         finally:
             ckpt.close()
-        params = state["train"].params
-    nnx.update(model, params)
+        nnx.update(model, state["train"].params)
 
     calibration_counts, calibration_n = None, 0
     path = os.path.join(workdir, "base_calibration.json")
@@ -210,9 +196,9 @@ def load_run(workdir: str | os.PathLike, checkpoint: str | int = "final") -> Loa
         eval_items=list(eval_items),
         base_calibration_counts=calibration_counts,
         calibration_n=calibration_n,
-        max_new_tokens=int(cfg.rl.max_new_tokens),
+        max_new_tokens=int(cfg.eval.max_new_tokens or cfg.rl.max_new_tokens),
         temperature=float(cfg.eval.temperature),
-        chat=False,
+        chat=bool(cfg.model.chat),
         step=int(step),
     )
 

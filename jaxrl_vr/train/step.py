@@ -40,9 +40,15 @@ KL_KINDS = ("k1", "k2", "k3")
 ENTROPY_MODES = ("none", "bonus", "feedback")
 
 
+# Clip defaults per ratio scale: token ratios (PPO/DAPO clip-higher) and length-normalised
+# sequence ratios (GSPO, arXiv 2507.18071, uses ε of order 3e-4 / 4e-4).
+DEFAULT_EPS = {"token": (0.2, 0.28), "sequence": (3e-4, 4e-4), "gspo_token": (3e-4, 4e-4)}
+
+
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-    """Static structure of the loss (changing any field builds a new step).
+    """The loss: its structure (static; changing it builds a new step) and its values
+    (``hyper()`` turns them into ``StepHyper`` arrays, so changing them never recompiles).
 
     Attributes:
       ratio: "token" (PPO), "sequence" (GSPO, arXiv 2507.18071: one length-normalised
@@ -50,30 +56,45 @@ class LossConfig:
         sequence ratio, gradient of each token's).
       aggregation: loss reduction mode of ``losses.aggregate`` (SPEC §3.5).
       max_len: constant divisor for "seq_mean_token_sum_norm" (Dr.GRPO); None = T.
-      dual_clip: enable the dual clip (its c is ``StepHyper.dual_clip``).
-      log_ratio_bounds: enable the outer log-ratio truncation (bounds in StepHyper).
-      use_kl: add β·KL(π‖π_ref) with estimator ``kl_kind`` (β is ``StepHyper.kl_beta``).
+      eps_low, eps_high: clip range [1 − eps_low, 1 + eps_high]; None = the default of the
+        ratio's scale (``DEFAULT_EPS``: 0.2 / 0.28 for token ratios, 3e-4 / 4e-4 for GSPO's
+        sequence ratios).
+      dual_clip: c > 1 of the dual clip (negative advantages), None = off.
+      log_ratio_low, log_ratio_high: outer truncation of the log-ratio before the surrogate
+        (MAI-style guard), both None = off.
+      kl_beta: β of the reference KL(π‖π_ref) on every response token (0 = off). PBA's
+        per-prompt anchor weight is separate (``rl.anchor_weight``).
       kl_kind: "k1", "k2" or "k3" (SPEC §3.6).
       kl_aggregation: reduction mode of the KL term.
-      entropy: "none"; "bonus" (loss −= coef·H); "feedback" (entropy-feedback
-        controller widens the upper clip, SPEC §3.6).
-      num_microbatches: micro-batches per optimizer step (gradient accumulation).
+      entropy: "none"; "bonus" (loss −= entropy_coef·H); "feedback" (the entropy-feedback
+        controller widens the upper clip by k, SPEC §3.6).
+      entropy_coef: coefficient of the entropy bonus.
+      entropy_target, entropy_step_size, entropy_k_max: H* (nats), δ and k_max of the
+        feedback controller.
+      num_microbatches: micro-batches per optimizer step (gradient accumulation, exact).
       logprob_chunk_size: T-chunk of the chunked LM-head log-softmax (None = one chunk).
       detach_behaviour: use sg(log π_θ) of the step's own forward as log π_old (ratio ≡ 1)
         instead of ``batch.behaviour_logp_bt``. Exact only when each rollout batch gets a
         single optimizer step (then π_old = π_θ), and it saves the separate behaviour
-        forward pass; the RL loop rejects it otherwise.
+        forward pass; the RL config rejects it otherwise.
     """
 
     ratio: str = "token"
     aggregation: str = "token_mean"
     max_len: int | None = None
-    dual_clip: bool = False
-    log_ratio_bounds: bool = False
-    use_kl: bool = False
+    eps_low: float | None = None
+    eps_high: float | None = None
+    dual_clip: float | None = None
+    log_ratio_low: float | None = None
+    log_ratio_high: float | None = None
+    kl_beta: float = 0.0
     kl_kind: str = "k3"
     kl_aggregation: str = "token_mean"
     entropy: str = "none"
+    entropy_coef: float = 0.0
+    entropy_target: float = 0.5
+    entropy_step_size: float = 0.01
+    entropy_k_max: float = 0.5
     num_microbatches: int = 1
     logprob_chunk_size: int | None = None
     detach_behaviour: bool = False
@@ -87,9 +108,72 @@ class LossConfig:
             ("entropy", self.entropy, ENTROPY_MODES),
         ):
             if value not in allowed:
-                raise ValueError(f"loss {name}={value!r} is not one of {allowed}.")
+                raise ValueError(f"loss.{name}={value!r} is not one of {allowed}.")
         if self.num_microbatches < 1:
-            raise ValueError(f"num_microbatches must be >= 1, got {self.num_microbatches}.")
+            raise ValueError(f"loss.num_microbatches must be >= 1, got {self.num_microbatches}.")
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ValueError(f"loss.dual_clip must be > 1 (or None = off), got {self.dual_clip}.")
+        if (self.log_ratio_low is None) != (self.log_ratio_high is None):
+            raise ValueError("set both loss.log_ratio_low and loss.log_ratio_high, or neither.")
+        if self.log_ratio_low is not None and not self.log_ratio_low < 0 < self.log_ratio_high:
+            raise ValueError(
+                f"need loss.log_ratio_low < 0 < loss.log_ratio_high, got "
+                f"{self.log_ratio_low}, {self.log_ratio_high}.")
+        for name in ("eps_low", "eps_high", "kl_beta", "entropy_coef"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"loss.{name} must be >= 0, got {value}.")
+
+    @property
+    def clip_eps(self) -> tuple[float, float]:
+        """(eps_low, eps_high) in force: the configured values or the ratio's defaults."""
+        low, high = DEFAULT_EPS[self.ratio]
+        return (low if self.eps_low is None else self.eps_low,
+                high if self.eps_high is None else self.eps_high)
+
+    def hyper(self, *, temperature: float = 1.0) -> "StepHyper":
+        """The values as ``StepHyper`` arrays (``temperature``: the sampling temperature,
+        so training log-probs use the same logits / T as the sampler)."""
+        eps_low, eps_high = self.clip_eps
+        return StepHyper.create(
+            eps_low=eps_low,
+            eps_high=eps_high,
+            dual_clip=self.dual_clip or 0.0,
+            log_ratio_low=self.log_ratio_low or 0.0,
+            log_ratio_high=self.log_ratio_high or 0.0,
+            kl_beta=self.kl_beta,
+            entropy_coef=self.entropy_coef,
+            entropy_target=self.entropy_target,
+            entropy_step_size=self.entropy_step_size,
+            entropy_k_max=self.entropy_k_max,
+            temperature=temperature,
+        )
+
+    def structure(self, *, kl_term: bool | None = None) -> "LossConfig":
+        """The static part only (values reset to defaults): the key of compiled steps.
+
+        ``kl_term`` (default: kl_beta > 0) says whether the KL term is in the loss; the RL
+        loop turns it on for PBA anchoring too. It is kept as ``kl_beta`` = 1 or 0.
+        """
+        kl_on = self.kl_beta > 0 if kl_term is None else kl_term
+        return dataclasses.replace(
+            self,
+            eps_low=None,
+            eps_high=None,
+            dual_clip=None if self.dual_clip is None else 2.0,
+            log_ratio_low=None if self.log_ratio_low is None else -1.0,
+            log_ratio_high=None if self.log_ratio_high is None else 1.0,
+            kl_beta=1.0 if kl_on else 0.0,
+            entropy_coef=0.0,
+            entropy_target=0.5,
+            entropy_step_size=0.01,
+            entropy_k_max=0.5,
+        )
+
+    @property
+    def use_kl(self) -> bool:
+        """The KL term is in the loss (a structural decision; its β is a StepHyper value)."""
+        return self.kl_beta > 0
 
 
 class StepHyper(NamedTuple):
@@ -105,6 +189,7 @@ class StepHyper(NamedTuple):
     entropy_target: jax.Array
     entropy_step_size: jax.Array
     entropy_k_max: jax.Array
+    temperature: jax.Array
 
     @classmethod
     def create(
@@ -120,9 +205,10 @@ class StepHyper(NamedTuple):
         entropy_target=0.5,
         entropy_step_size=0.01,
         entropy_k_max=0.5,
+        temperature=1.0,
     ) -> "StepHyper":
-        """All fields as float32 scalars (the entropy_* ones drive the feedback controller:
-        target H* in nats, step δ, bound k_max)."""
+        """All fields as float32 scalars (for tests and scripts; a run builds its
+        StepHyper from ``LossConfig.hyper``)."""
         f = lambda v: jnp.asarray(v, jnp.float32)
         return cls(
             f(eps_low),
@@ -135,6 +221,7 @@ class StepHyper(NamedTuple):
             f(entropy_target),
             f(entropy_step_size),
             f(entropy_k_max),
+            f(temperature),
         )
 
 
@@ -149,8 +236,10 @@ class RolloutBatch(NamedTuple):
       adv_b: float32 [B] advantage of each response.
       behaviour_logp_bt: float32 [B, T] log π_old recomputed by the trainer at rollout time.
       reference_logp_bt: float32 [B, T] log π_ref of the frozen reference (zeros if no KL).
-      kl_mask_b: bool [B], responses whose tokens get the KL term (PBA anchors; all True
-        for a plain reference KL).
+      kl_weight_b: float32 [B] extra KL weight of each response on top of β: λ_PBA on
+        responses of anchored prompts, 0 elsewhere (PBA, arXiv 2607.20543, Eq. 4). The KL
+        term is Σ (β + w_b)·KL_bt over *all* response tokens / their count, so
+        non-anchored tokens add 0 to the numerator and count in the denominator.
     """
 
     prompt_tokens_bs: jax.Array
@@ -160,7 +249,7 @@ class RolloutBatch(NamedTuple):
     adv_b: jax.Array
     behaviour_logp_bt: jax.Array
     reference_logp_bt: jax.Array
-    kl_mask_b: jax.Array
+    kl_weight_b: jax.Array
 
 
 class TrainState(NamedTuple):
@@ -187,11 +276,14 @@ def response_logprobs(
     *,
     chunk_size=None,
     with_entropy=False,
+    temperature=1.0,
 ):
     """log π(response token | prompt, earlier tokens) [B, T] f32 (+ entropy [B, T]).
 
     Runs the decoder once over prompt ++ response and computes the log-softmax only on the
     response positions, chunked over T through the unembedding (ratios.token_logprobs_from_hidden).
+    ``temperature`` scales the logits as the sampler does (logits / T), so importance ratios
+    against sampler-time log-probs compare like with like.
     """
     chex.assert_rank([prompt_tokens_bs, tokens_bt], 2)
     chex.assert_equal_shape([prompt_tokens_bs, prompt_mask_bs])
@@ -205,7 +297,7 @@ def response_logprobs(
     hidden_btd = hidden_bld[:, num_prompt - 1 : num_prompt - 1 + num_resp]
     return ratios.token_logprobs_from_hidden(
         hidden_btd,
-        model.unembed_matrix(),
+        model.unembed_matrix() / jnp.asarray(temperature, jnp.float32),
         tokens_bt,
         chunk_size=chunk_size,
         with_entropy=with_entropy,
@@ -230,6 +322,7 @@ def _microbatch_loss_terms(model, mb: RolloutBatch, hyper: StepHyper, controller
         mask_bt,
         chunk_size=cfg.logprob_chunk_size,
         with_entropy=True,
+        temperature=hyper.temperature,
     )
     # Data enters the loss here, stop-gradiented once (SPEC §2). Masked positions may hold
     # anything (inf/NaN from padding): zero them so no NaN reaches the backward pass.
@@ -253,19 +346,23 @@ def _microbatch_loss_terms(model, mb: RolloutBatch, hyper: StepHyper, controller
         adv_b[:, None],
         eps_low=hyper.eps_low,
         eps_high=eps_high,
-        dual_clip=hyper.dual_clip if cfg.dual_clip else None,
+        dual_clip=hyper.dual_clip if cfg.dual_clip is not None else None,
         log_ratio_bounds=(
-            (hyper.log_ratio_low, hyper.log_ratio_high) if cfg.log_ratio_bounds else None
+            (hyper.log_ratio_low, hyper.log_ratio_high) if cfg.log_ratio_low is not None else None
         ),
     )
     loss_bt = jnp.broadcast_to(loss_bt, mask_bt.shape)
     policy_num, _ = losses.aggregate(loss_bt, mask_bt, mode=cfg.aggregation, max_len=cfg.max_len)
-    kl_mask_bt = mask_bt & mb.kl_mask_b.astype(bool)[:, None]
     ref_logp_bt = jax.lax.stop_gradient(
-        jnp.where(kl_mask_bt, mb.reference_logp_bt.astype(jnp.float32), 0.0)
+        jnp.where(mask_bt, mb.reference_logp_bt.astype(jnp.float32), 0.0)
     )
-    kl_bt = kl_lib.estimate(logp_bt, ref_logp_bt, kind=cfg.kl_kind)
-    kl_num, _ = losses.aggregate(kl_bt, kl_mask_bt, mode=cfg.kl_aggregation, max_len=cfg.max_len)
+    kl_bt = jnp.where(mask_bt, kl_lib.estimate(logp_bt, ref_logp_bt, kind=cfg.kl_kind), 0.0)
+    kl_weight_b = jax.lax.stop_gradient(mb.kl_weight_b.astype(jnp.float32))
+    kl_coef_bt = jnp.broadcast_to((hyper.kl_beta + kl_weight_b)[:, None], mask_bt.shape)
+    kl_num, _ = losses.aggregate(kl_coef_bt * kl_bt, mask_bt, mode=cfg.kl_aggregation,
+                                 max_len=cfg.max_len)
+    kl_plain_num, _ = losses.aggregate(kl_bt, mask_bt, mode=cfg.kl_aggregation,
+                                       max_len=cfg.max_len)
     ent_num, _ = losses.aggregate(entropy_bt, mask_bt, mode=cfg.aggregation, max_len=cfg.max_len)
     ratio_bt = info.ratio
     fractions = losses.clip_fractions(info, mask_bt)
@@ -279,6 +376,7 @@ def _microbatch_loss_terms(model, mb: RolloutBatch, hyper: StepHyper, controller
         "kl_token": jnp.sum(jnp.where(mask_bt, kl_bt, 0.0)),
         "ratio": jnp.sum(jnp.where(mask_bt, ratio_bt, 0.0)),
         "ratio_max": jnp.max(jnp.where(mask_bt, ratio_bt, 0.0)),
+        "kl_plain_num": kl_plain_num,
     }
     return (policy_num, kl_num, ent_num), sums
 
@@ -292,8 +390,7 @@ def loss_denominators(batch: RolloutBatch, cfg: LossConfig):
     mask_bt = batch.mask_bt.astype(bool)
     zeros_bt = jnp.zeros(mask_bt.shape, jnp.float32)
     _, policy_den = losses.aggregate(zeros_bt, mask_bt, mode=cfg.aggregation, max_len=cfg.max_len)
-    kl_mask_bt = mask_bt & batch.kl_mask_b.astype(bool)[:, None]
-    _, kl_den = losses.aggregate(zeros_bt, kl_mask_bt, mode=cfg.kl_aggregation, max_len=cfg.max_len)
+    _, kl_den = losses.aggregate(zeros_bt, mask_bt, mode=cfg.kl_aggregation, max_len=cfg.max_len)
     return policy_den, kl_den
 
 
@@ -319,7 +416,8 @@ def make_loss_fn(graphdef, cfg: LossConfig):
 
     ``dens`` are the full-(mini)batch denominators (``loss_denominators``), so summing
     ``value`` (and its gradient) over the micro-batches gives exactly the full-batch
-    objective policy_num/policy_den + β·kl_num/kl_den − c·ent_num/policy_den (SPEC §3.5).
+    objective policy_num/policy_den + kl_num/kl_den − c·ent_num/policy_den (SPEC §3.5), where
+    kl_num = Σ (β + w_b)·KL_bt carries the global β and PBA's per-response weights.
     """
 
     def microbatch_objective(params, rest, mb, hyper, controller, dens):
@@ -330,7 +428,7 @@ def make_loss_fn(graphdef, cfg: LossConfig):
         policy_den, kl_den = dens
         objective = losses.finalize(policy_num, policy_den)
         if cfg.use_kl:
-            objective = objective + hyper.kl_beta * losses.finalize(kl_num, kl_den)
+            objective = objective + losses.finalize(kl_num, kl_den)
         if cfg.entropy == "bonus":
             objective = objective - hyper.entropy_coef * losses.finalize(ent_num, policy_den)
         sums = dict(sums, policy_num=policy_num, kl_num=kl_num, ent_num=ent_num)
@@ -409,6 +507,7 @@ def make_train_step(
     cfg: LossConfig,
     *,
     donate: bool = False,
+    state_sharding: Any = None,
 ) -> Callable:
     """Build the jitted step ``(state, batch, hyper) -> (state, metrics)``.
 
@@ -418,7 +517,9 @@ def make_train_step(
     returned state is the input state and ``metrics["nonfinite"]`` is 1.
 
     ``rest`` (non-trainable model state) is passed as a traced argument; same shapes and
-    dtypes => the step is traced once.
+    dtypes => the step is traced once. ``state_sharding`` (a TrainState of NamedShardings,
+    ``jaxrl_vr.parallel.train_state_shardings``) keeps the updated params and optimizer
+    state sharded as they came in (FSDP / tensor parallel on a mesh).
     """
     objective_fn = make_loss_fn(graphdef, cfg)
 
@@ -445,10 +546,13 @@ def make_train_step(
         )
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
         new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
+        if state_sharding is not None:
+            new_state = jax.lax.with_sharding_constraint(new_state, state_sharding)
         metrics = {
             "loss": loss,
             "policy_loss": losses.finalize(sums["policy_num"], policy_den),
-            "kl": losses.finalize(sums["kl_num"], kl_den),
+            "kl": losses.finalize(sums["kl_plain_num"], kl_den),
+            "kl_loss": losses.finalize(sums["kl_num"], kl_den),
             "kl_token_mean": losses.finalize(sums["kl_token"], tokens),
             "entropy": entropy_mean,
             "grad_norm": grad_norm,
@@ -477,12 +581,13 @@ def make_train_step(
 
 
 def make_logprob_fn(graphdef, *, num_microbatches: int = 1, chunk_size=None) -> Callable:
-    """Jitted ``(params, rest, prompt_tokens_bs, prompt_mask_bs, tokens_bt, mask_bt) ->
-    (logp_bt, entropy_bt)``, micro-batched with lax.map; used for the behaviour
+    """Jitted ``(params, rest, prompt_tokens_bs, prompt_mask_bs, tokens_bt, mask_bt,
+    temperature=1.0) -> (logp_bt, entropy_bt)``, micro-batched with lax.map; used for the behaviour
     (current policy at rollout time) and reference (frozen π_ref) log-probs."""
 
     @jax.jit
-    def logprobs(params, rest, prompt_tokens_bs, prompt_mask_bs, tokens_bt, mask_bt):
+    def logprobs(params, rest, prompt_tokens_bs, prompt_mask_bs, tokens_bt, mask_bt,
+                 temperature=1.0):
         size = tokens_bt.shape[0]
         if size % num_microbatches:
             raise ValueError(
@@ -496,7 +601,8 @@ def make_logprob_fn(graphdef, *, num_microbatches: int = 1, chunk_size=None) -> 
 
         def one(args):
             model = nnx.merge(graphdef, params, rest)
-            return response_logprobs(model, *args, chunk_size=chunk_size, with_entropy=True)
+            return response_logprobs(model, *args, chunk_size=chunk_size, with_entropy=True,
+                                     temperature=temperature)
 
         parts = (prompt_tokens_bs, prompt_mask_bs, tokens_bt, mask_bt)
         logp, ent = jax.lax.map(one, tuple(split(x) for x in parts))

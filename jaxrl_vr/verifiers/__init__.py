@@ -11,9 +11,11 @@ from jaxrl_vr.verifiers.hacks import (
     hack_penalties,
 )
 from jaxrl_vr.verifiers.math_answers import MAX_ANSWER_CHARS, extract_answer, math_equal, math_verifier
-from jaxrl_vr.verifiers.pool import VerifierPool, VerifyResult, score_serial
+from jaxrl_vr.verifiers.pool import (ErrorLog, ErrorStop, MainGuardError, VerifierPool, VerifyResult,
+                                     score_serial)
 from jaxrl_vr.verifiers.registry import (
     STATUSES,
+    check_verifier,
     exact_verifier,
     get_verifier,
     parse_leading_int,
@@ -27,5 +29,6 @@ __all__ = [
     "parse_leading_int", "VerifierPool", "VerifyResult", "score_serial", "extract_answer",
     "math_equal", "math_verifier", "MAX_ANSWER_CHARS", "run_python", "CodeResult", "code_verifier",
     "sandbox_capabilities", "conflicting_final_answers", "answer_copied_from_prompt",
-    "empty_or_truncated_answer", "hack_penalties",
+    "empty_or_truncated_answer", "hack_penalties", "ErrorLog", "ErrorStop", "MainGuardError",
+    "check_verifier",
 ]

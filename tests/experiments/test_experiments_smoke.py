@@ -85,6 +85,21 @@ def test_smoke_run_writes_summary_metrics_plots_and_resumes(tmp_path):
         rows = [json.loads(line) for line in f]
     assert [r["step"] for r in rows] == list(range(1, cfg.rl.steps + 1))
     assert any("pass@1" in line for line in lines)  # the printed table
+    # The smoke config learns something: at least one step has a non-zero gradient.
+    assert max(r["grad_norm"] for r in rows) > 0
+    # The policy is exported as a transformers-loadable directory.
+    export = os.path.join(workdir, "export")
+    assert stored["export_dir"] == export
+    from transformers import AutoConfig, AutoTokenizer
+
+    assert AutoConfig.from_pretrained(export).model_type == "llama"
+    tok = AutoTokenizer.from_pretrained(export)
+    assert tok.decode(tok("12+3=").input_ids) == "12+3="
+    # Re-running a finished workdir says so and keeps its summary as it was.
+    again = run_pipeline(cfg, workdir, log=lines.append)
+    assert "finished run" in lines[-1] and again["final_pass_at_1"] == stored["final_pass_at_1"]
+    with open(os.path.join(workdir, "summary.json")) as f:
+        assert json.load(f) == stored
 
     # A changed algorithm key on the same workdir is a clear error naming the key.
     tree = default_config.get_config("smoke").to_dict()
@@ -113,3 +128,40 @@ def test_quickstart_notebook_is_valid_nbformat_and_uses_public_api():
     code = "\n".join(sources)
     assert "get_config(\"smoke\")" in code and "run_pipeline" in code
     assert "._" not in code  # no private attributes
+
+
+def test_bad_config_is_rejected_before_the_workdir_is_touched(tmp_path):
+    tree = default_config.get_config("smoke").to_dict()
+    tree["task"]["levels"] = (0, 9)
+    workdir = tmp_path / "w"
+    with pytest.raises(ValueError, match=r"task\.levels"):
+        run_pipeline(PipelineConfig.from_dict(tree), str(workdir), log=lambda line: None)
+    assert not workdir.exists()
+
+
+@pytest.mark.parametrize("override,match", [
+    ({"rl": {"samples_per_prompt": 1}}, "every advantage is 0"),
+    ({"rl": {"anchor": "above"}}, "anchor_weight"),
+    ({"rl": {"advantage": "pair_weighted"}}, "rl.pairing=True"),
+    ({"rl": {"two_stage": True, "dynamic_sampling": True}}, "exclusive"),
+    ({"model": {"source": "hf"}}, "model.path"),
+    ({"task": {"name": "reasoning_gym"}}, "real model"),
+    ({"loss": {"entropy": "bonus"}}, "entropy_coef"),
+])
+def test_configs_that_cannot_learn_or_do_nothing_are_errors(override, match):
+    from jaxrl_vr.train.config import validate
+
+    tree = default_config.get_config("smoke").to_dict()
+    for section, values in override.items():
+        tree[section].update(values)
+    with pytest.raises(ValueError, match=match):
+        validate(PipelineConfig.from_dict(tree))
+
+
+def test_steps_zero_evaluates_the_base_only(tmp_path):
+    tree = default_config.get_config("smoke").to_dict()
+    tree["rl"]["steps"] = 0
+    summary = run_pipeline(PipelineConfig.from_dict(tree), str(tmp_path / "w"),
+                           log=lambda line: None)
+    assert summary["rl_steps"] == 0 and summary["final_pass_at_1"] == summary["base_pass_at_1"]
+    assert not (tmp_path / "w" / "checkpoints").exists()

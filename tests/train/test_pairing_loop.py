@@ -1,81 +1,97 @@
-"""Positive–negative pairing as the RL loop's prompt choice (arXiv 2602.03452; SPEC §3.3)."""
+"""Positive–negative pairing and Weighted GRPO through the RL loop (arXiv 2602.03452)."""
 
 import numpy as np
-import pytest
 
 from jaxrl_vr.models.tokenizers import CharTokenizer
 from jaxrl_vr.selection.tracker import PromptTracker
 from jaxrl_vr.tasks import arithmetic
-from jaxrl_vr.train.loop import RLConfig, RLTrainer
+from jaxrl_vr.train.config import RLConfig
+from jaxrl_vr.train.loop import RLTrainer
 from jaxrl_vr.train.optim import OptimConfig
 from jaxrl_vr.train.step import LossConfig
-from jaxrl_vr.verifiers.pool import score_serial
+from jaxrl_vr.verifiers.pool import VerifyResult
 
 import trainer_testlib as lib
 
 TOKENIZER = CharTokenizer(arithmetic.ARITHMETIC_ALPHABET)
-ITEMS = arithmetic.make_items(0, 6, levels=(0,), split=None)
+ITEMS = arithmetic.make_items(0, 12, levels=(0,), split=None)
+G = 4
 
 
-def _tracker():
-    return PromptTracker(len(ITEMS), uids=[it.uid for it in ITEMS])
+def _rate_scorer(rate_by_uid):
+    """Deterministic scores: sample i of a group succeeds iff i < rate·G (fixed pass rates)."""
+    counter = {}
+
+    def score(items, completions):
+        out = []
+        for it in items:
+            i = counter.get(it.uid, 0)
+            counter[it.uid] = i + 1
+            out.append(float(i % G < rate_by_uid[it.uid] * G))
+        return VerifyResult(scores=np.asarray(out, np.float32), statuses=["ok"] * len(items),
+                            errors=[None] * len(items))
+
+    return score
 
 
-def _trainer(workdir, tracker, *, steps=1, **overrides):
-    rl = RLConfig(
-        steps=steps, prompts_per_step=2, samples_per_prompt=4, max_new_tokens=3,
-        num_minibatches=1, advantage="grpo", verifier_workers=0, checkpoint_every=1, seed=3,
-        pairing=True, pairing_min_count=4, **overrides,
-    )
-    return RLTrainer(
-        lib.tiny_decoder(TOKENIZER.vocab_size), TOKENIZER, ITEMS, rl=rl, loss=LossConfig(),
-        optim=OptimConfig(learning_rate=0.05, warmup_steps=1), workdir=str(workdir),
-        progress=False, tensorboard=False, scorer=score_serial, tracker=tracker,
-    )
-
-
-def _seeded_tracker():
-    # G = 4, c = 2: q⁻ band [1 − 2/4, 1 − 1/4] = [0.5, 0.75]; q⁺ band (0, 0.25].
-    # Prompt 4: 1/4 = 0.25 → q⁺ (only one). Prompt 2: 3/4 = 0.75 → q⁻ (only one).
-    # Prompt 0: 4/4 = 1 and prompt 1: 0/4 = 0 are in neither pool.
-    tracker = _tracker()
-    rewards = np.array([[1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 0], [1, 0, 0, 0]], np.float32)
-    tracker.update(np.array([0, 1, 2, 4]), rewards)
+def _calibrated_tracker(rates):
+    tracker = PromptTracker(len(ITEMS), uids=[it.uid for it in ITEMS])
+    tracker.set_calibration_counts(np.full(len(ITEMS), 8), np.round(np.asarray(rates) * 8))
     return tracker
 
 
-def test_pairs_replace_the_data_order_when_both_pools_exist(tmp_path):
-    trainer = _trainer(tmp_path, _seeded_tracker())
-    idx, paired = trainer._choose_prompts()
-    assert paired and idx.tolist() == [4, 2]  # [q⁺, q⁻]
-    assert trainer.data_position == 0  # the data order is not consumed
-    trainer.close()
+def _trainer(workdir, tracker, scorer, *, steps=2, advantage="pair_weighted",
+             pairing_explore_frac=0.0, pair_neg_weight=2.0, **overrides):
+    rl = RLConfig(steps=steps, prompts_per_step=4, samples_per_prompt=G, max_new_tokens=3,
+                  num_minibatches=1, advantage=advantage, pair_neg_weight=pair_neg_weight,
+                  verifier_workers=0, checkpoint_every=1, seed=3, pairing=True,
+                  pairing_min_count=4, pairing_explore_frac=pairing_explore_frac, **overrides)
+    return RLTrainer(lib.tiny_decoder(TOKENIZER.vocab_size), TOKENIZER, ITEMS, rl=rl,
+                     loss=LossConfig(), optim=OptimConfig(learning_rate=0.05, warmup_steps=1),
+                     workdir=str(workdir), progress=False, tensorboard=False, scorer=scorer,
+                     tracker=tracker)
 
 
-def test_empty_pool_falls_back_to_the_data_order(tmp_path):
-    tracker = _tracker()
-    tracker.update(np.array([0, 4]), np.array([[1, 1, 1, 1], [1, 0, 0, 0]], np.float32))  # no q⁻
-    trainer = _trainer(tmp_path, tracker)
-    expected = np.random.default_rng([3, 0]).permutation(len(ITEMS))[:2]
-    idx, paired = trainer._choose_prompts()
-    assert not paired and idx.tolist() == expected.tolist()
-    assert trainer.data_position == 2
-    trainer.close()
+# G = 4, c = 2: q− band [0.5, 0.75]; q+ band (0, 0.25]. Prompts 0-3 are q+ (0.25), 4-7 q−
+# (0.75), 8-11 always solved (in no pool).
+RATES = [0.25] * 4 + [0.75] * 4 + [1.0] * 4
 
 
-def test_paired_run_completes_and_logs_paired_rounds(tmp_path):
-    trainer = _trainer(tmp_path, _seeded_tracker(), steps=1)
+def test_pairs_come_from_the_calibrated_pool_and_the_data_order_advances(tmp_path):
+    scorer = _rate_scorer({it.uid: r for it, r in zip(ITEMS, RATES)})
+    trainer = _trainer(tmp_path, _calibrated_tracker(RATES), scorer, pairing_explore_frac=0.5)
+    trainer.source.begin_step(0)
+    idx = trainer.source.next_prompts(4)
+    assert trainer.source.num_pairs == 1  # half the batch explores the data order
+    assert RATES[idx[0]] == 0.25 and RATES[idx[1]] == 0.75
+    assert len(set(idx.tolist())) == 4
     rows = trainer.run()
     trainer.close()
-    assert rows[0]["pairing/paired_rounds"] == 1.0
-    assert trainer.data_position == 0
-    assert np.isfinite(rows[0]["loss"])
+    assert rows[-1]["pairing/pairs"] == 1.0 and np.isfinite(rows[-1]["loss"])
+    assert trainer.source.position > 0  # the data order keeps moving under pairing
 
 
-def test_pairing_config_is_validated(tmp_path):
-    with pytest.raises(ValueError, match="even"):
-        RLConfig(prompts_per_step=3, pairing=True)
-    with pytest.raises(ValueError, match="pairing_strategy"):
-        RLConfig(prompts_per_step=2, pairing=True, pairing_strategy="best")
-    with pytest.raises(ValueError, match="PromptTracker"):
-        _trainer(tmp_path, None)
+def test_weighted_grpo_lambda_changes_the_q_minus_advantages(tmp_path):
+    scorer = _rate_scorer({it.uid: r for it, r in zip(ITEMS, RATES)})
+    advs = []
+    for lam in (1.0, 3.0):
+        trainer = _trainer(tmp_path / str(lam), _calibrated_tracker(RATES), scorer, steps=1,
+                           pair_neg_weight=lam)
+        batch, info = trainer.collect(0)
+        trainer.close()
+        advs.append(np.asarray(batch.adv_b).reshape(4, G))
+    np.testing.assert_allclose(advs[0][0::2], advs[1][0::2], atol=1e-6)  # q+ rows: weight 1
+    np.testing.assert_allclose(3.0 * advs[0][1::2], advs[1][1::2], rtol=1e-5)  # q− rows ∝ λ
+    assert np.abs(advs[0][1::2]).max() > 0
+
+
+def test_pairing_state_resumes_with_the_data_position(tmp_path):
+    scorer = _rate_scorer({it.uid: r for it, r in zip(ITEMS, RATES)})
+    trainer = _trainer(tmp_path, _calibrated_tracker(RATES), scorer, steps=1,
+                       advantage="grpo", pairing_explore_frac=0.5)
+    trainer.run()
+    trainer.close()
+    again = _trainer(tmp_path, _calibrated_tracker(RATES), scorer, steps=1, advantage="grpo",
+                     pairing_explore_frac=0.5)
+    assert again.restore() == 1 and again.source.position == trainer.source.position > 0
+    again.close()

@@ -1,5 +1,6 @@
 """RL loop: exact resume, mid-save kill, NaN stop, verifier failures, metrics rows."""
 
+import json
 import os
 
 import chex
@@ -10,7 +11,9 @@ import pytest
 from jaxrl_vr.models.tokenizers import CharTokenizer
 from jaxrl_vr.tasks import arithmetic
 from jaxrl_vr.train.checkpoint import Checkpointer
-from jaxrl_vr.train.loop import NonFiniteLossError, RLConfig, RLTrainer, encode_prompts
+from jaxrl_vr.train.config import RLConfig
+from jaxrl_vr.train.loop import NonFiniteLossError, RLTrainer, VerifierFailure
+from jaxrl_vr.train.rollout import encode_prompts
 from jaxrl_vr.train.metrics import read_jsonl
 from jaxrl_vr.train.optim import OptimConfig
 from jaxrl_vr.train.step import LossConfig
@@ -24,7 +27,7 @@ ITEMS = arithmetic.make_items(0, 6, levels=(0,), split=None)
 
 def _trainer(
     workdir, *, steps=4, scorer=score_serial, advantage="curverl", tracker=None, items=ITEMS,
-    **rl_overrides,
+    kl_beta=0.05, **rl_overrides,
 ):
     rl = RLConfig(
         steps=steps,
@@ -46,7 +49,7 @@ def _trainer(
         TOKENIZER,
         items,
         rl=rl,
-        loss=LossConfig(entropy="feedback", use_kl=True),
+        loss=LossConfig(entropy="feedback", kl_beta=kl_beta),
         optim=OptimConfig(learning_rate=0.05, warmup_steps=1),
         workdir=str(workdir),
         progress=False,
@@ -76,12 +79,10 @@ def test_four_steps_equal_two_plus_resume_plus_two(tmp_path):
     resumed.close()
 
     assert [r["step"] for r in rows_b] == [3, 4]
-    chex.assert_trees_all_equal(resumed.state["train"].params, straight.state["train"].params)
-    chex.assert_trees_all_equal(resumed.state["curverl"], straight.state["curverl"])
-    chex.assert_trees_all_equal(
-        resumed.state["train"].controller, straight.state["train"].controller
-    )
-    assert resumed.data_position == straight.data_position == 8
+    chex.assert_trees_all_equal(resumed.state.train.params, straight.state.train.params)
+    chex.assert_trees_all_equal(resumed.state.estimator, straight.state.estimator)
+    chex.assert_trees_all_equal(resumed.state.train.controller, straight.state.train.controller)
+    assert resumed.source.position == straight.source.position == 8
     chex.assert_trees_all_equal(resumed.tracker.state_dict(), straight.tracker.state_dict())
     assert resumed.tracker.state_dict()["total_n_p"].sum() == 4 * 2 * 4  # 4 steps × P·G
     for key in ("reward", "loss", "kl", "grad_norm"):
@@ -171,6 +172,27 @@ def test_verifier_crash_scores_zero_and_is_counted(tmp_path):
     trainer.close()
     assert rows[0]["verifier_errors"] == 8 and rows[0]["reward"] == 0.0
     assert trainer.budget.verifier_errors == 8
+    # The first errors of the step are written down with their type, message and item.
+    with open(tmp_path / "verifier_errors.jsonl") as f:
+        logged = [json.loads(line) for line in f]
+    assert 1 <= len(logged) <= 5 and logged[0]["step"] == 0
+    assert logged[0]["type"] == "RuntimeError" and "boom" in logged[0]["message"]
+    assert logged[0]["item_id"] in {"c0", "c1"}
+
+
+def test_a_verifier_failing_every_sample_stops_the_run_after_patience_steps(tmp_path):
+    from jaxrl_vr.verifiers import register_verifier
+    from jaxrl_vr.tasks import TaskItem
+
+    register_verifier("test_crashing_verifier", _crashing_verifier, overwrite=True)
+    items = [TaskItem(uid=f"c{i}", prompt=f"{i}+1=", answer=str(i + 1),
+                      verifier="test_crashing_verifier") for i in range(2)]
+    trainer = _trainer(tmp_path, steps=5, scorer=None, items=items, advantage="grpo",
+                       verifier_error_patience=2)
+    with pytest.raises(VerifierFailure, match="2 steps in a row"):
+        trainer.run()
+    trainer.close()
+    assert Checkpointer(tmp_path / "checkpoints").latest_step() == 2  # nothing written is lost
 
 
 def _crashing_verifier(item, completion):
@@ -192,26 +214,20 @@ def _parity_scorer(items, completions):
 
 
 @pytest.mark.parametrize("polarity,expected", [("above", 1.0), ("below", 0.0)])
-def test_pba_anchor_applies_the_kl_only_to_anchored_prompts(tmp_path, polarity, expected):
+def test_pba_anchor_weights_the_kl_of_anchored_prompts_by_lambda(tmp_path, polarity, expected):
     tracker = _tracker()
     tracker.set_base_counts(np.full(len(ITEMS), 4), np.full(len(ITEMS), 3))  # p_base = 0.75
     tracker.freeze_base()
-    trainer = _trainer(tmp_path, steps=1, tracker=tracker, anchor=polarity,
-                       anchor_tau_low=0.5, kl_beta=0.1, scorer=_parity_scorer)
+    trainer = _trainer(tmp_path, steps=2, tracker=tracker, anchor=polarity, anchor_weight=0.7,
+                       anchor_tau_low=0.5, anchor_tau_high=1.0, kl_beta=0.0,
+                       scorer=_parity_scorer)
     rows = trainer.run()
     trainer.close()
-    assert rows[0]["anchored_frac"] == expected
-    # The first minibatch starts at π = π_ref (KL 0); later updates move away. With no
-    # anchored prompt the KL term has no tokens at all and is exactly 0.
-    assert (rows[0]["kl"] > 0) == (expected == 1.0)
-
-
-def test_pba_anchor_without_kl_in_the_loss_is_rejected(tmp_path):
-    rl = RLConfig(steps=1, prompts_per_step=2, samples_per_prompt=4, anchor="above")
-    with pytest.raises(ValueError, match="use_kl"):
-        RLTrainer(lib.tiny_decoder(TOKENIZER.vocab_size), TOKENIZER, ITEMS, rl=rl,
-                  loss=LossConfig(), optim=OptimConfig(), workdir=str(tmp_path),
-                  tracker=_tracker())
+    assert rows[-1]["anchored_frac"] == expected
+    # The KL to the base is logged over all tokens whether or not it is in the loss; the
+    # loss's KL term is λ_PBA times it when every prompt is anchored (β = 0), else 0.
+    assert rows[-1]["kl"] > 0
+    np.testing.assert_allclose(rows[-1]["kl_loss"], 0.7 * expected * rows[-1]["kl"], rtol=1e-4)
 
 
 def test_dynamic_sampling_keeps_only_informative_groups(tmp_path):
@@ -226,4 +242,7 @@ def test_dynamic_sampling_keeps_only_informative_groups(tmp_path):
         kept = row["valid_group_frac"] * 2
         assert kept == round(kept) and row["all_correct_frac"] == row["all_wrong_frac"] == 0
         assert row["trained_tokens"] <= 2 * row["generated_tokens"]
-    assert trainer.data_position == 2 * sum(int(r["dynamic/rounds"]) for r in rows)
+    assert trainer.source.position == 2 * sum(int(r["dynamic/rounds"]) for r in rows)
+    # The logged reward covers every sampled group; the kept-only value has its own name.
+    for row in rows:
+        assert "kept/reward" in row and 0.0 <= row["reward"] <= 1.0

@@ -45,14 +45,14 @@ def _hand_batch():
         behaviour_logp_bt=jnp.asarray([[log(0.2), log(0.5)], [log(0.25), -jnp.inf]], jnp.float32),
         # reference differs only at (0, 0): log π_ref = log 0.5 vs log π = log 0.25
         reference_logp_bt=jnp.asarray([[log(0.5), log(0.5)], [log(0.25), jnp.nan]], jnp.float32),
-        kl_mask_b=jnp.asarray([True, True]),
+        kl_weight_b=jnp.zeros(2, jnp.float32),
     )
 
 
 def _hand_loss(aggregation, **hyper):
     model = TableModel([0.5, 0.25, 0.25])
     graphdef, params, rest = step_lib.split_model(model)
-    cfg = step_lib.LossConfig(aggregation=aggregation, use_kl=True)
+    cfg = step_lib.LossConfig(aggregation=aggregation, kl_beta=1.0)
     loss_fn = step_lib.make_eval_loss(graphdef, cfg)
     h = step_lib.StepHyper.create(eps_low=0.2, eps_high=0.2, **hyper)
     return loss_fn(params, rest, _hand_batch(), h, ())
@@ -86,7 +86,7 @@ def test_dual_clip_caps_negative_advantage_loss():
         adv_b=jnp.asarray([-1.0, -1.0], jnp.float32),
         behaviour_logp_bt=jnp.log(jnp.asarray([[0.05, 0.5], [0.25, 1.0]], jnp.float32)),
     )
-    cfg = step_lib.LossConfig(dual_clip=True)
+    cfg = step_lib.LossConfig(dual_clip=3.0)
     loss, _ = step_lib.make_eval_loss(graphdef, cfg)(
         params, rest, batch, step_lib.StepHyper.create(eps_low=0.2, eps_high=0.2, dual_clip=3.0), ()
     )
@@ -117,9 +117,9 @@ def test_microbatched_loss_and_grads_equal_full_batch(ratio, aggregation, entrop
         cfg = step_lib.LossConfig(
             ratio=ratio,
             aggregation=aggregation,
-            use_kl=True,
+            kl_beta=1.0,
             entropy=entropy,
-            dual_clip=True,
+            dual_clip=3.0,
             num_microbatches=num,
         )
         results.append(step_lib.make_eval_loss(graphdef, cfg)(params, rest, batch, hyper, ()))
@@ -137,7 +137,7 @@ def test_masked_positions_do_not_change_loss_or_grads():
         reference_logp_bt=jnp.where(batch.mask_bt, batch.reference_logp_bt, -jnp.inf),
         tokens_bt=jnp.where(batch.mask_bt, batch.tokens_bt, 11),
     )
-    cfg = step_lib.LossConfig(use_kl=True, aggregation="seq_mean_token_mean")
+    cfg = step_lib.LossConfig(kl_beta=1.0, aggregation="seq_mean_token_mean")
     fn = step_lib.make_eval_loss(graphdef, cfg)
     hyper = step_lib.StepHyper.create(kl_beta=0.1)
     loss_a, grads_a = fn(params, rest, batch, hyper, ())
@@ -149,7 +149,7 @@ def test_masked_positions_do_not_change_loss_or_grads():
 def _step_setup(num_microbatches=1, entropy="none", model=None):
     graphdef, params, rest = step_lib.split_model(model or lib.CausalBagModel())
     optimizer = make_optimizer(OptimConfig(learning_rate=1e-2, warmup_steps=2))
-    cfg = step_lib.LossConfig(num_microbatches=num_microbatches, use_kl=True, entropy=entropy)
+    cfg = step_lib.LossConfig(num_microbatches=num_microbatches, kl_beta=1.0, entropy=entropy)
     state = step_lib.init_train_state(params, optimizer, cfg)
     return step_lib.make_train_step(graphdef, rest, optimizer, cfg), state
 
@@ -204,8 +204,91 @@ def test_entropy_feedback_controller_widens_upper_clip_when_entropy_is_low():
         ks.append(float(state.controller.k))
     # Entropy (<= log 12) is below the 10-nat target: k rises by δ and saturates at k_max.
     np.testing.assert_allclose(ks, [0.05, 0.08, 0.08], rtol=1e-6)
-    # eps_high in force at the third step = 1/(1 − 0.2) + k(=0.08 before the step) − 1.
-    np.testing.assert_allclose(float(metrics["eps_high"]), 1 / 0.8 + 0.08 - 1, rtol=1e-6)
+    # SPEC §3.6: upper clip 1 + ε_high + k, so ε_high in force = 0.2 + k (0.08 before step 3).
+    np.testing.assert_allclose(float(metrics["eps_high"]), 0.2 + 0.08, rtol=1e-6)
+
+
+def test_entropy_feedback_controller_is_neutral_at_k_zero():
+    # Switching the controller on changes nothing until it acts: at k = 0 the loss equals
+    # the plain clipped loss (issue: an on/off ablation must change one thing).
+    graphdef, params, rest = step_lib.split_model(lib.CausalBagModel())
+    params = jax.tree.map(lambda p: p * 1.5, params)  # off-policy so the upper clip binds
+    batch, hyper = lib.random_batch(9), step_lib.StepHyper.create(eps_low=0.1, eps_high=0.1)
+    from jaxrl_vr import entropy as entropy_lib
+
+    plain = step_lib.make_eval_loss(graphdef, step_lib.LossConfig())(params, rest, batch, hyper, ())
+    fed = step_lib.make_eval_loss(graphdef, step_lib.LossConfig(entropy="feedback"))(
+        params, rest, batch, hyper, entropy_lib.entropy_controller_init())
+    np.testing.assert_allclose(float(fed[0]), float(plain[0]), rtol=1e-6)
+
+
+def test_pba_anchored_kl_is_averaged_over_all_response_tokens():
+    # PBA, arXiv 2607.20543 Eq. 4: KL term = λ·Σ_anchored KL / (all response tokens).
+    # Only response 0 is anchored (λ = 2); its KL is at (0, 0): k3 = 1 − log 2. Response 1's
+    # token counts in the denominator (3 tokens), not only the anchored response's 2.
+    model = TableModel([0.5, 0.25, 0.25])
+    graphdef, params, rest = step_lib.split_model(model)
+    batch = _hand_batch()._replace(
+        kl_weight_b=jnp.asarray([2.0, 0.0], jnp.float32),
+        reference_logp_bt=jnp.asarray([[math.log(0.5), math.log(0.5)], [math.log(0.5), 0.0]],
+                                      jnp.float32))
+    hyper = step_lib.StepHyper.create(eps_low=0.2, eps_high=0.2, kl_beta=0.0)
+    fn = step_lib.make_eval_loss(graphdef, step_lib.LossConfig(kl_beta=1.0))
+    loss, _ = fn(params, rest, batch, hyper, ())
+    policy = (-1.2 - 1.0 + 0.5) / 3
+    np.testing.assert_allclose(float(loss), policy + 2.0 * (1.0 - math.log(2.0)) / 3, rtol=1e-5)
+    # The same anchored response alone in its batch: its KL share is 1/2 of its tokens, so
+    # the effective λ does not depend on what else is in the batch only through the count.
+    # A global β adds β·mean KL over all tokens (response 1's token has KL too).
+    loss_beta, _ = fn(params, rest, batch, hyper._replace(kl_beta=jnp.float32(0.5)), ())
+    k3_resp1 = 0.5 / 0.25 - 1 - math.log(0.5 / 0.25)  # log π_ref − log π = log 2 at (1, 0)
+    expected = policy + (2.0 * (1 - math.log(2)) + 0.5 * ((1 - math.log(2)) + k3_resp1)) / 3
+    np.testing.assert_allclose(float(loss_beta), expected, rtol=1e-5)
+
+
+def test_pba_kl_metric_over_all_tokens_is_zero_when_policy_equals_reference():
+    graphdef, params, rest = step_lib.split_model(lib.CausalBagModel())
+    batch = lib.random_batch(10)
+    logp_bt, _ = step_lib.make_logprob_fn(graphdef)(
+        params, rest, batch.prompt_tokens_bs, batch.prompt_mask_bs, batch.tokens_bt, batch.mask_bt)
+    batch = batch._replace(behaviour_logp_bt=logp_bt, reference_logp_bt=logp_bt)
+    train_step, state = _step_setup()
+    _, metrics = train_step(state._replace(params=params), batch, step_lib.StepHyper.create())
+    assert abs(float(metrics["kl"])) < 1e-6 and abs(float(metrics["kl_token_mean"])) < 1e-6
+
+
+def test_training_logprobs_use_the_sampling_temperature():
+    model = TableModel([0.5, 0.25, 0.25])
+    graphdef, params, rest = step_lib.split_model(model)
+    batch = _hand_batch()
+    fn = step_lib.make_logprob_fn(graphdef)
+    args = (params, rest, batch.prompt_tokens_bs, batch.prompt_mask_bs, batch.tokens_bt,
+            batch.mask_bt)
+    logp_t1, _ = fn(*args)
+    logp_t2, _ = fn(*args, 2.0)
+    logits = np.log([0.5, 0.25, 0.25]) / 2.0
+    expected = logits - np.log(np.exp(logits).sum())
+    np.testing.assert_allclose(np.asarray(logp_t2)[0, 0], expected[1], rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(logp_t1)[0, 0], math.log(0.25), rtol=1e-5)
+
+
+def test_loss_config_values_build_the_step_hyper_and_gspo_has_its_own_clip_scale():
+    token = step_lib.LossConfig()
+    assert token.clip_eps == (0.2, 0.28)
+    seq = step_lib.LossConfig(ratio="sequence")
+    assert seq.clip_eps == (3e-4, 4e-4)  # GSPO's sequence-ratio scale (arXiv 2507.18071)
+    hyper = step_lib.LossConfig(ratio="sequence", eps_high=1e-3, kl_beta=0.05,
+                                dual_clip=3.0).hyper(temperature=0.7)
+    np.testing.assert_allclose(
+        [float(hyper.eps_low), float(hyper.eps_high), float(hyper.kl_beta),
+         float(hyper.dual_clip), float(hyper.temperature)], [3e-4, 1e-3, 0.05, 3.0, 0.7], rtol=1e-6)
+    # Values never enter the compiled structure.
+    a = step_lib.LossConfig(kl_beta=0.05, eps_low=0.1).structure()
+    b = step_lib.LossConfig(kl_beta=0.5, eps_low=0.3).structure()
+    assert a == b and hash(a) == hash(b)
+    assert step_lib.LossConfig().structure(kl_term=True).use_kl
+    with pytest.raises(ValueError, match="dual_clip"):
+        step_lib.LossConfig(dual_clip=0.5)
 
 
 def test_loss_config_rejects_unknown_modes():
@@ -256,7 +339,7 @@ def test_detached_behaviour_equals_recomputed_behaviour_on_policy():
     hyper = step_lib.StepHyper.create(kl_beta=0.1)
     results = []
     for detach in (False, True):
-        cfg = step_lib.LossConfig(detach_behaviour=detach, use_kl=True, num_microbatches=2)
+        cfg = step_lib.LossConfig(detach_behaviour=detach, kl_beta=1.0, num_microbatches=2)
         results.append(step_lib.make_eval_loss(graphdef, cfg)(params, rest, on_policy, hyper, ()))
     np.testing.assert_allclose(float(results[1][0]), float(results[0][0]), rtol=1e-6)
     chex.assert_trees_all_close(results[1][1], results[0][1], rtol=1e-5, atol=1e-7)

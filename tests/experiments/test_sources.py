@@ -1,0 +1,81 @@
+"""Model and task sources from a config: a Hugging Face directory, JSONL rows, reasoning-gym."""
+
+import json
+import os
+
+import pytest
+
+from experiments.configs import default as default_config
+from jaxrl_vr.train.config import PipelineConfig
+from jaxrl_vr.train.pipeline import run_pipeline
+from jaxrl_vr.train.sources import load_task
+
+
+def _smoke_tree(**sections):
+    tree = default_config.get_config("smoke").to_dict()
+    tree["run"].update(tensorboard=False, print_table=False)
+    for section, values in sections.items():
+        tree[section].update(values)
+    return tree
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A trained builtin policy exported with save_pretrained: an HF directory."""
+    workdir = tmp_path_factory.mktemp("builtin")
+    tree = _smoke_tree(rl={"steps": 1})
+    summary = run_pipeline(PipelineConfig.from_dict(tree), str(workdir), log=lambda line: None)
+    return summary["export_dir"]
+
+
+def _rows_file(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    rows = [{"question": f"{a}+{b}=", "solution": str(a + b)} for a, b in
+            [(1, 2), (3, 4), (2, 2), (5, 1), (0, 7), (4, 4)]]
+    with open(path, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+        f.write("{not json\n")  # a malformed row is skipped with its line number
+    return str(path)
+
+
+@pytest.mark.slow
+def test_hf_directory_and_jsonl_rows_train_evaluate_and_export(exported, tmp_path):
+    rows = _rows_file(tmp_path)
+    tree = _smoke_tree(
+        model={"source": "hf", "path": exported},
+        task={"name": "jsonl", "path": rows, "eval_path": rows, "prompt_field": "question",
+              "answer_field": "solution", "verifier": "exact", "num_train": 0, "num_eval": 0},
+        rl={"steps": 1, "prompts_per_step": 2, "samples_per_prompt": 2, "num_minibatches": 1},
+        eval={"base_calibration_samples": 0})
+    summary = run_pipeline(PipelineConfig.from_dict(tree), str(tmp_path / "run"),
+                           log=lambda line: None)
+    assert summary["base_info"]["source"] == "hf"
+    assert sum(summary["regime_counts"].values()) == 6
+    assert os.path.isfile(os.path.join(summary["export_dir"], "model.safetensors"))
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(summary["export_dir"]).eos_token == "<eos>"
+
+
+def test_unknown_verifier_fails_before_any_model_is_loaded(tmp_path):
+    rows = _rows_file(tmp_path)
+    tree = _smoke_tree(model={"source": "hf", "path": str(tmp_path / "no_model_here")},
+                       task={"name": "jsonl", "path": rows, "eval_path": rows,
+                             "prompt_field": "question", "answer_field": "solution",
+                             "verifier": "mathh"})
+    with pytest.raises(ValueError, match="mathh"):
+        run_pipeline(PipelineConfig.from_dict(tree), str(tmp_path / "run"), log=lambda line: None)
+    assert not (tmp_path / "run").exists()
+
+
+def test_reasoning_gym_items_get_the_instruction_and_the_configured_verifier():
+    tree = _smoke_tree(task={"name": "reasoning_gym", "rg_tasks": "chain_sum,basic_arithmetic",
+                             "rg_config": json.dumps({"chain_sum": {"min_terms": 2, "max_terms": 2}}),
+                             "num_train": 10, "num_eval": 4, "instruction": "Box it.",
+                             "verifier": "math"})
+    data = load_task(PipelineConfig.from_dict(tree))
+    assert len(data.train) == 10 and len(data.heldout) == 4
+    assert all(it.prompt.endswith(" Box it.") and it.verifier == "math" for it in data.train)
+    assert {it.meta["rg_name"] for it in data.train} == {"chain_sum", "basic_arithmetic"}
+    assert not {it.uid for it in data.train} & {it.uid for it in data.heldout}
