@@ -10,7 +10,7 @@ CONFIG ?= experiments/configs/default.py
 PYTEST_ARGS ?=
 ARGS ?=
 
-.PHONY: setup run test test-fast smollm2 bench-decode bench-verifiers bench-rl-step clean-venv
+.PHONY: setup run test test-fast smollm2 bench-decode bench-verifiers bench-rl-step bench-sim clean-venv
 
 $(STAMP): setup.cfg pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,13 +35,23 @@ smollm2: $(STAMP)
 	$(PY) experiments/get_smollm2.py
 
 bench-decode: $(STAMP)
+	bash $(PEERS_DIR)/setup.sh trl
+	bash $(PEERS_DIR)/setup.sh models
 	$(PY) benchmarks/decode.py
+
+bench-sim: $(STAMP)
+	$(PY) benchmarks/sim.py
 
 bench-verifiers: $(STAMP)
 	$(PY) benchmarks/verifiers.py
 
+# jaxrl_vr vs TRL on the peer GRPO workload, fp32 and bf16, back to back; prints the ratios.
+# The peer venv (torch CPU + trl) and the SmolLM2 safetensors directory are built on first use.
+PEERS_DIR ?= ../shared/peers
 bench-rl-step: $(STAMP)
-	$(PY) benchmarks/rl_step.py
+	bash $(PEERS_DIR)/setup.sh trl
+	bash $(PEERS_DIR)/setup.sh models
+	$(PY) benchmarks/side_by_side.py --peers-dir $(PEERS_DIR) $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)
