@@ -412,6 +412,12 @@ def validate(cfg: PipelineConfig) -> None:
     _need(model.dtype in DTYPES, f"model.dtype={model.dtype!r} is not one of {DTYPES}.")
     _need(model.compute_dtype in ("",) + DTYPES,
           f"model.compute_dtype={model.compute_dtype!r} is not one of {('',) + DTYPES}.")
+    _need(not (model.source == "builtin" and model.dtype != "float32"),
+          "model.dtype applies to loaded models (hf, gguf, smollm2); the builtin model keeps "
+          "float32 parameters: use model.compute_dtype=bfloat16 for bf16 matmuls.")
+    _need(not (model.system_prompt is not None and not model.chat),
+          "model.system_prompt is only used by the chat template: set model.chat=True or leave "
+          "the system prompt unset.")
     _need(not (model.source in ("hf", "gguf") and not model.path),
           f"model.source={model.source!r} needs model.path (a directory for hf, a .gguf file).")
     _need(not (model.source == "builtin" and task.name != "arithmetic"),

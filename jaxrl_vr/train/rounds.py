@@ -63,10 +63,6 @@ class Round(NamedTuple):
     def group_size(self) -> int:
         return int(self.valid_pg.shape[1])
 
-    def arrays(self) -> "Round":
-        """The same round with empty stats (a pytree of arrays only)."""
-        return self._replace(stats={})
-
 
 # Per-response fields zeroed where a sample is invalid.
 _ZEROED_WHEN_INVALID = ("mask_bt", "sampler_logp_bt", "length_b", "truncated_b", "scores_b",

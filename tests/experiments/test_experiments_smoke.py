@@ -147,6 +147,8 @@ def test_bad_config_is_rejected_before_the_workdir_is_touched(tmp_path):
     ({"model": {"source": "hf"}}, "model.path"),
     ({"task": {"name": "reasoning_gym"}}, "real model"),
     ({"loss": {"entropy": "bonus"}}, "entropy_coef"),
+    ({"model": {"dtype": "bfloat16"}}, "compute_dtype"),
+    ({"model": {"system_prompt": "Be brief."}}, "model.chat=True"),
 ])
 def test_configs_that_cannot_learn_or_do_nothing_are_errors(override, match):
     from jaxrl_vr.train.config import validate
