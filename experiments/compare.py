@@ -12,18 +12,27 @@ the config file). For every arm × seed this runs, one process each and resumabl
     python -m experiments.evaluate --workdir=ROOT/NAME/seedS --checkpoint=final --num_samples=n
 
 (a run with summary.json is not trained again, an evaluation with the same n is reused),
-then writes ROOT/compare.json, ROOT/compare.md and overlay plots: mean ± standard error
+``--jobs`` of them at a time, then writes ROOT/compare.json, ROOT/compare.md and overlay plots: mean ± standard error
 over seeds of pass@1 and pass@n, overall and per base regime, lost / newly solved prompts,
 tokens generated and trained, wall time; and paired differences (by seed) against the
 baseline arm with a 95 % t-interval ("no difference detected" when it contains 0).
+
+``--common`` overrides apply to every arm. ``--budget_fractions=0.25,0.5`` also keeps and
+evaluates each run's state where it crossed those fractions of the token budget
+(``rl.budget_fractions``) and plots pass@1 / pass@n against the budget spent. Arms of one
+seed whose overrides leave ``task.*``, ``model.*``, ``sft.*`` and ``eval.*`` alone have the
+same SFT base and base evaluations; unless ``--noshare_base``, the first such arm builds
+them and the others start from a copy (the copies' digests are checked on load).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from absl import app, flags
@@ -44,6 +53,10 @@ def define_flags() -> None:
         "token_budget", None, "Generated-token budget per run (passed as --config.rl.token_budget)."
     )
     flags.DEFINE_integer("num_samples", 256, "n samples per prompt of each evaluation.")
+    flags.DEFINE_string("common", "", "key=value overrides applied to every arm (space-separated).")
+    flags.DEFINE_list("budget_fractions", [], "Also evaluate at these fractions of the token budget.")
+    flags.DEFINE_integer("jobs", 1, "Runs trained / evaluated at the same time (one process each).")
+    flags.DEFINE_bool("share_base", True, "Copy a seed's SFT base and base evaluations between arms.")
     flags.DEFINE_bool("dry_run", False, "Print the commands and exit.")
 
 
@@ -83,25 +96,38 @@ def run_dir(root: str, arm: str, seed: int) -> str:
     return os.path.join(os.path.abspath(root), arm, f"seed{seed}")
 
 
-def train_command(arm: Arm, seed: int, workdir: str, token_budget: int | None) -> list[str]:
+def with_common(arms: Sequence[Arm], common: str, default_config: str) -> list[Arm]:
+    """Prepends the ``--common`` overrides to every arm's own (an arm's value wins)."""
+    shared = parse_arm("common=" + common, default_config).overrides if common.strip() else ()
+    return [arm._replace(overrides=tuple(shared) + arm.overrides) for arm in arms]
+
+
+def _fractions_text(fractions: Sequence[float]) -> str:
+    return "(" + ",".join(repr(float(f)) for f in fractions) + ",)"
+
+
+def train_command(arm: Arm, seed: int, workdir: str, token_budget: int | None,
+                  budget_fractions: Sequence[float] = ()) -> list[str]:
     cmd = [sys.executable, "-m", "experiments.train", f"--config={arm.config}", f"--workdir={workdir}"]
     cmd += [f"--config.{o}" for o in arm.overrides] + [f"--config.seed={seed}"]
     if token_budget is not None:
         cmd.append(f"--config.rl.token_budget={int(token_budget)}")
+    if budget_fractions:
+        cmd.append(f"--config.rl.budget_fractions={_fractions_text(budget_fractions)}")
     return cmd
 
 
-def evaluate_command(workdir: str, num_samples: int) -> list[str]:
-    return [sys.executable, "-m", "experiments.evaluate", f"--workdir={workdir}", "--checkpoint=final",
+def evaluate_command(workdir: str, num_samples: int, checkpoint: str = "final") -> list[str]:
+    return [sys.executable, "-m", "experiments.evaluate", f"--workdir={workdir}", f"--checkpoint={checkpoint}",
             f"--num_samples={num_samples}", "--noprogress"]
 
 
-def _evaluation_path(workdir: str) -> str:
-    return os.path.join(workdir, "eval", "final", "evaluation.json")
+def _evaluation_path(workdir: str, label: str = "final") -> str:
+    return os.path.join(workdir, "eval", label, "evaluation.json")
 
 
-def _load_evaluation(workdir: str, num_samples: int) -> dict | None:
-    path = _evaluation_path(workdir)
+def _load_evaluation(workdir: str, num_samples: int, label: str = "final") -> dict | None:
+    path = _evaluation_path(workdir, label)
     if not os.path.isfile(path):
         return None
     with open(path) as f:
@@ -116,6 +142,16 @@ def _run_complete(workdir: str) -> bool:
         return False
 
 
+def _fraction_steps(workdir: str, fractions: Sequence[float]) -> dict[float, int]:
+    """{fraction: RL step} of the run's kept budget checkpoints among ``fractions``."""
+    try:
+        marks = run_io.budget_marks(workdir)
+    except FileNotFoundError:
+        return {}
+    wanted = {round(float(f), 9) for f in fractions}
+    return {m["fraction"]: int(m["step"]) for m in marks if round(m["fraction"], 9) in wanted}
+
+
 def _subprocess(cmd: list[str], log_path: str) -> None:
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     with open(log_path, "a") as log:
@@ -126,6 +162,55 @@ def _subprocess(cmd: list[str], log_path: str) -> None:
         raise RuntimeError(f"command failed (exit {proc.returncode}), see {log_path}: {' '.join(cmd)}")
 
 
+# Config sections the SFT base and the base evaluations depend on (with the file and seed).
+BASE_SECTIONS = ("task.", "model.", "sft.", "eval.")
+BASE_FILES = ("base", "base_eval.json", "base_calibration.json")
+
+
+def shares_base(arm: Arm, donor: Arm) -> bool:
+    """Whether ``arm`` has the donor's base: same config file, same base-section overrides."""
+    def base_overrides(a: Arm) -> list[str]:
+        return sorted(o for o in a.overrides if o.startswith(BASE_SECTIONS))
+    return arm.config == donor.config and base_overrides(arm) == base_overrides(donor)
+
+
+def copy_base(donor_dir: str, workdir: str) -> list[str]:
+    """Copies the donor's base files into a workdir that holds no run yet; returns their names."""
+    if os.path.exists(os.path.join(workdir, "config.json")):
+        return []
+    os.makedirs(workdir, exist_ok=True)
+    copied = []
+    for name in BASE_FILES:
+        src, dst = os.path.join(donor_dir, name), os.path.join(workdir, name)
+        if not os.path.exists(src) or os.path.exists(dst):
+            continue
+        if os.path.isdir(src):
+            shutil.copytree(src, dst + ".tmp", dirs_exist_ok=True)
+        else:
+            shutil.copy(src, dst + ".tmp")
+        os.replace(dst + ".tmp", dst)
+        copied.append(name)
+    return copied
+
+
+class _Job(NamedTuple):
+    arm: Arm
+    seed: int
+    donor: str | None  # run directory whose base this run copies (None: builds its own)
+
+
+def plan_jobs(root: str, arms: Sequence[Arm], seeds: Sequence[int], *, share_base: bool) -> list[_Job]:
+    """Every arm × seed, donors first (the first arm of a seed that shares a base with others)."""
+    donors, jobs = [], []
+    for seed in seeds:
+        for arm in arms:
+            donor = next((d for d in arms if share_base and d is not arm and shares_base(arm, d)
+                          and arms.index(d) < arms.index(arm)), None)
+            job = _Job(arm, seed, None if donor is None else run_dir(root, donor.name, seed))
+            (jobs if donor is not None else donors).append(job)
+    return donors + jobs
+
+
 def run_grid(
     root: str,
     arms: Sequence[Arm],
@@ -133,20 +218,80 @@ def run_grid(
     *,
     token_budget: int | None,
     num_samples: int,
+    budget_fractions: Sequence[float] = (),
+    jobs: int = 1,
+    share_base: bool = False,
     runner: Callable[[list[str], str], None] = _subprocess,
     log: Callable[[str], None] = print,
 ) -> None:
-    """Trains and evaluates every arm × seed that is not already done (resumable)."""
-    for arm in arms:
-        for seed in seeds:
-            workdir = run_dir(root, arm.name, seed)
-            logs = os.path.join(os.path.abspath(root), "logs", f"{arm.name}-seed{seed}")
-            if not _run_complete(workdir):
-                log(f"[compare] train {arm.name} seed {seed}")
-                runner(train_command(arm, seed, workdir, token_budget), logs + "-train.log")
-            if _load_evaluation(workdir, num_samples) is None:
-                log(f"[compare] evaluate {arm.name} seed {seed} (n = {num_samples})")
-                runner(evaluate_command(workdir, num_samples), logs + "-evaluate.log")
+    """Trains and evaluates every arm × seed that is not already done (resumable).
+
+    Up to ``jobs`` runs at a time; a run that copies a donor's base waits for the donor's
+    training to finish. The first failure stops new runs and is raised once the running
+    ones end.
+    """
+    pending = plan_jobs(root, arms, seeds, share_base=share_base)
+    trained: set[str] = set()
+    running: set[str] = set()
+    errors: list[BaseException] = []
+    cond = threading.Condition()
+
+    def work(job: _Job) -> None:
+        workdir = run_dir(root, job.arm.name, job.seed)
+        logs = os.path.join(os.path.abspath(root), "logs", f"{job.arm.name}-seed{job.seed}")
+        if not _run_complete(workdir):
+            if job.donor is not None:
+                copied = copy_base(job.donor, workdir)
+                if copied:
+                    log(f"[compare] {job.arm.name} seed {job.seed}: base copied from {job.donor} ({', '.join(copied)})")
+            log(f"[compare] train {job.arm.name} seed {job.seed}")
+            runner(train_command(job.arm, job.seed, workdir, token_budget, budget_fractions), logs + "-train.log")
+        with cond:
+            trained.add(workdir)
+            cond.notify_all()
+        if _load_evaluation(workdir, num_samples) is None:
+            log(f"[compare] evaluate {job.arm.name} seed {job.seed} (n = {num_samples})")
+            runner(evaluate_command(workdir, num_samples), logs + "-evaluate.log")
+        for fraction, step in sorted(_fraction_steps(workdir, budget_fractions).items()):
+            if _load_evaluation(workdir, num_samples, str(step)) is None:
+                log(f"[compare] evaluate {job.arm.name} seed {job.seed} at {fraction:g} of the budget (step {step})")
+                runner(evaluate_command(workdir, num_samples, str(step)), logs + f"-evaluate-{step}.log")
+
+    def worker() -> None:
+        while True:
+            with cond:
+                while True:
+                    if errors or not pending:
+                        return
+                    ready = next((j for j in pending if j.donor is None or j.donor in trained
+                                  or j.donor not in running and _run_complete(j.donor)), None)
+                    if ready is None and not running:  # a donor never ran: build own base
+                        ready = pending[0]._replace(donor=None)
+                        pending[0] = ready
+                    if ready is not None:
+                        pending.remove(ready)
+                        workdir = run_dir(root, ready.arm.name, ready.seed)
+                        running.add(workdir)
+                        break
+                    cond.wait()
+            try:
+                work(ready)
+            except BaseException as err:  # noqa: BLE001 - re-raised in the caller
+                with cond:
+                    errors.append(err)
+            finally:
+                with cond:
+                    running.discard(workdir)
+                    trained.add(workdir)
+                    cond.notify_all()
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, int(jobs)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
 
 
 def _run_metrics(evaluation: Mapping[str, Any], stats: run_io.RunStats) -> dict[str, float | None]:
@@ -179,6 +324,7 @@ def collect_table(
     *,
     baseline: str,
     num_samples: int,
+    budget_fractions: Sequence[float] = (),
 ) -> dict[str, Any]:
     """The comparison table from the evaluated runs (missing runs are listed, not fatal)."""
     per_run: dict[str, dict[int, dict]] = {}
@@ -219,6 +365,8 @@ def collect_table(
         name: [sum(c[i] for c in runs.values()) / len(runs) for i in range(len(ks))]
         for name, runs in curves.items() if runs
     }
+    budget_curves = (_budget_curves(root, arms, seeds, num_samples, budget_fractions)
+                     if budget_fractions else {})
     return eval_lib.to_jsonable({
         "root": os.path.abspath(root),
         "arms": [arm._asdict() for arm in arms],
@@ -231,8 +379,57 @@ def collect_table(
         "summary": summary,
         "paired_differences": differences,
         "mean_pass_at_k": mean_curves,
+        "budget_fractions": [float(f) for f in budget_fractions],
+        "budget_curves": budget_curves,
         "missing_runs": missing,
     })
+
+
+def _budget_curves(root: str, arms: Sequence[Arm], seeds: Sequence[int], num_samples: int,
+                   fractions: Sequence[float]) -> dict[str, Any]:
+    """Per arm: pass@1 / pass@n (mean ± s.e. over seeds) at 0 (base), each fraction and 1 (final).
+
+    A run's point at fraction f is its kept checkpoint where generated tokens first reached
+    f · token_budget (``rl.budget_fractions``); "generated_fraction" is the budget share it
+    had actually used there.
+    """
+    n = num_samples
+    points = [0.0] + sorted(float(f) for f in fractions) + [1.0]
+    out = {}
+    for arm in arms:
+        values: dict[str, list[list[float]]] = {m: [[] for _ in points] for m in
+                                                ("pass@1", f"pass@{n}", "generated_fraction")}
+        for seed in seeds:
+            workdir = run_dir(root, arm.name, seed)
+            final = _load_evaluation(workdir, n)
+            if final is None:
+                continue
+            steps = _fraction_steps(workdir, fractions)
+            marks = {m["step"]: m["generated_tokens"] / m["token_budget"] for m in run_io.budget_marks(workdir)}
+            for i, f in enumerate(points):
+                if f == 0.0:
+                    ev = final.get("base")
+                    used = 0.0
+                elif f == 1.0:
+                    ev, used = final, None
+                elif f in steps:
+                    ev = _load_evaluation(workdir, n, str(steps[f]))
+                    used = marks[steps[f]]
+                else:
+                    ev = None
+                if not ev:
+                    continue
+                values["pass@1"][i].append(ev["pass_at_k"]["1"])
+                values[f"pass@{n}"][i].append(ev["pass_at_k"][str(n)])
+                if used is not None:
+                    values["generated_fraction"][i].append(used)
+        out[arm.name] = {"fractions": points}
+        for metric, per_point in values.items():
+            summaries = [eval_lib.seed_summary(v) for v in per_point]
+            out[arm.name][metric] = {"mean": [s.mean for s in summaries],
+                                     "stderr": [s.stderr for s in summaries],
+                                     "count": [s.count for s in summaries]}
+    return out
 
 
 def _pm(entry: Mapping[str, Any], digits: int) -> str:
@@ -270,9 +467,26 @@ def table_markdown(table: Mapping[str, Any], token_budget: int | None = None) ->
             interval = "—" if d["low"] is None else f"[{d['low']:.{digits}f}, {d['high']:.{digits}f}]"
             mean = "—" if d["mean"] is None else f"{d['mean']:+.{digits}f}"
             lines.append(f"| {metric} | {mean} | {interval} | {d['count']} | {d['verdict']} |")
+    curves = table.get("budget_curves") or {}
+    if curves:
+        n = table["num_samples"]
+        lines += ["", "## Along the budget (mean ± standard error over seeds)", "",
+                  "0 is the base, 1 the final policy; at a fraction f, each run's checkpoint where its "
+                  "generated tokens first reached f × budget (the share actually used in brackets).", "",
+                  "| arm | fraction | pass@1 | pass@" + str(n) + " | seeds |", "|---|---:|---:|---:|---:|"]
+        for name, curve in curves.items():
+            for i, f in enumerate(curve["fractions"]):
+                cell = {m: {"mean": curve[m]["mean"][i], "stderr": curve[m]["stderr"][i]}
+                        for m in ("pass@1", f"pass@{n}", "generated_fraction")}
+                used = cell["generated_fraction"]["mean"]
+                label = f"{f:g}" + ("" if used is None or f in (0.0, 1.0) else f" ({used:.3f})")
+                lines.append(f"| {name} | {label} | {_pm(cell['pass@1'], 3)} | {_pm(cell[f'pass@{n}'], 3)} "
+                             f"| {curve['pass@1']['count'][i]} |")
     if table["missing_runs"]:
         lines += ["", f"Missing (not evaluated): {', '.join(table['missing_runs'])}."]
     lines += ["", "![pass@k](compare_passk.png)", "", "![regimes](compare_regimes.png)", ""]
+    if curves:
+        lines += ["![budget](compare_budget.png)", ""]
     return "\n".join(lines)
 
 
@@ -301,6 +515,13 @@ def write_table(table: Mapping[str, Any], root: str, token_budget: int | None = 
         paths["regimes"] = str(eval_lib.plot_bars(values, root_path / "compare_regimes.png", errors=errors,
                                                   title=f"pass@{n} by base regime (± s.e. over seeds)",
                                                   ylabel=f"pass@{n}"))
+    curves = table.get("budget_curves") or {}
+    if curves:
+        panels = {metric: {name: (c["fractions"], c[metric]["mean"], c[metric]["stderr"])
+                           for name, c in curves.items()}
+                  for metric in ("pass@1", f"pass@{n}")}
+        paths["budget"] = str(eval_lib.plot_budget_curves(
+            panels, root_path / "compare_budget.png", title="along the token budget (± s.e. over seeds)"))
     text = json.dumps(table, indent=1, sort_keys=True, allow_nan=False)
     paths["json"] = str(_atomic_write(root_path / "compare.json", text + "\n"))
     paths["markdown"] = str(_atomic_write(root_path / "compare.md", table_markdown(table, token_budget)))
@@ -316,7 +537,13 @@ def main(argv):
         raise app.UsageError("give at least one --arm=NAME[=key=value ...]")
     try:
         arms = [parse_arm(text, flags.FLAGS.config) for text in flags.FLAGS.arm]
+        arms = with_common(arms, flags.FLAGS.common, flags.FLAGS.config)
         seeds = [int(s) for s in flags.FLAGS.seeds]
+        fractions = sorted(float(f) for f in flags.FLAGS.budget_fractions)
+        if fractions and not flags.FLAGS.token_budget:
+            raise ValueError("--budget_fractions are fractions of --token_budget: give --token_budget.")
+        if any(not 0.0 < f < 1.0 for f in fractions):
+            raise ValueError(f"--budget_fractions={fractions} must lie strictly between 0 and 1.")
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -332,15 +559,18 @@ def main(argv):
         for arm in arms:
             for seed in seeds:
                 workdir = run_dir(flags.FLAGS.root, arm.name, seed)
-                print(" ".join(train_command(arm, seed, workdir, flags.FLAGS.token_budget)))
+                print(" ".join(train_command(arm, seed, workdir, flags.FLAGS.token_budget, fractions)))
                 print(" ".join(evaluate_command(workdir, flags.FLAGS.num_samples)))
         return 0
     try:
-        run_grid(flags.FLAGS.root, arms, seeds, token_budget=flags.FLAGS.token_budget, num_samples=flags.FLAGS.num_samples)
+        run_grid(flags.FLAGS.root, arms, seeds, token_budget=flags.FLAGS.token_budget,
+                 num_samples=flags.FLAGS.num_samples, budget_fractions=fractions, jobs=flags.FLAGS.jobs,
+                 share_base=flags.FLAGS.share_base)
     except RuntimeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    table = collect_table(flags.FLAGS.root, arms, seeds, baseline=baseline, num_samples=flags.FLAGS.num_samples)
+    table = collect_table(flags.FLAGS.root, arms, seeds, baseline=baseline, num_samples=flags.FLAGS.num_samples,
+                          budget_fractions=fractions)
     paths = write_table(table, flags.FLAGS.root, flags.FLAGS.token_budget)
     print(f"[compare] wrote {paths['markdown']}")
     return 0

@@ -22,6 +22,7 @@ from jaxrl_vr.eval.inversion import (
 from jaxrl_vr.eval.passk_eval import headline_ks, mean_passk_curve, passk_report
 from jaxrl_vr.eval.plots import (
     plot_bars,
+    plot_budget_curves,
     plot_delta_by_regime,
     plot_passk,
     plot_passk_curves,
@@ -58,6 +59,7 @@ __all__ = [
     "plot_bars",
     "plot_delta_by_regime",
     "plot_passk",
+    "plot_budget_curves",
     "plot_passk_curves",
     "plot_prompt_scatter",
     "plot_regimes",

@@ -25,6 +25,7 @@ __all__ = [
     "plot_delta_by_regime",
     "plot_prompt_scatter",
     "plot_bars",
+    "plot_budget_curves",
 ]
 
 
@@ -295,4 +296,30 @@ def plot_bars(
     ax.set_title(title, fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def plot_budget_curves(
+    panels: Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float]]]],
+    path: str | os.PathLike,
+    *,
+    xlabel: str = "fraction of the token budget",
+    title: str = "",
+) -> pathlib.Path:
+    """One panel per metric: label -> (x, mean, s.e.) lines with error bars (NaN s.e. = none)."""
+    fig = Figure(figsize=(4.6 * len(panels) + 0.6, 3.9))
+    for p, (metric, lines) in enumerate(panels.items()):
+        ax = fig.add_subplot(1, len(panels), p + 1)
+        for i, (label, (x, mean, err)) in enumerate(lines.items()):
+            err = np.nan_to_num(np.asarray(err, np.float64), nan=0.0)
+            ax.errorbar(np.asarray(x, np.float64), np.asarray(mean, np.float64), yerr=err,
+                        linestyle=_LINESTYLES[i % len(_LINESTYLES)], marker=_MARKERS[i % len(_MARKERS)],
+                        markersize=4, capsize=2, linewidth=1.4, label=label)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(metric)
+        ax.grid(True, alpha=0.3)
+        if p == 0:
+            ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
     return _save(fig, path)

@@ -36,6 +36,10 @@ class RLConfig:
       steps: training steps (one rollout batch each); 0 evaluates the base only.
       token_budget: stop once this many tokens were generated (every sampled token:
         probes, filtered groups, padding); 0 = no budget, ``steps`` decides.
+      budget_fractions: fractions of ``token_budget`` in (0, 1) at which the loop state is
+        also saved, kept for good in ``budget_checkpoints/`` (evaluate them with
+        ``experiments.evaluate --checkpoint=STEP``; ``budget_checkpoints.json`` maps each
+        fraction to its step). Empty = none.
       prompts_per_step, samples_per_prompt: P and G of a rollout batch.
       max_new_tokens: response length cap T.
       temperature, top_p, top_k: sampling (training log-probs use the same temperature).
@@ -81,6 +85,7 @@ class RLConfig:
 
     steps: int = 100
     token_budget: int = 0
+    budget_fractions: tuple = ()
     prompts_per_step: int = 16
     samples_per_prompt: int = 8
     max_new_tokens: int = 8
@@ -128,6 +133,10 @@ class RLConfig:
     checkpoint_every: int = 0
     max_to_keep: int = 2
     seed: int = 0
+
+    def __post_init__(self):
+        object.__setattr__(self, "budget_fractions",
+                           tuple(sorted(float(f) for f in self.budget_fractions)))
 
     @property
     def batch_group_size(self) -> int:
@@ -305,6 +314,12 @@ def validate(cfg: PipelineConfig) -> None:
         _need(getattr(rl, name) >= 1, f"rl.{name} must be >= 1, got {getattr(rl, name)}.")
     _need(rl.steps >= 0, f"rl.steps must be >= 0 (0 = evaluate the base only), got {rl.steps}.")
     _need(rl.token_budget >= 0, f"rl.token_budget must be >= 0 (0 = none), got {rl.token_budget}.")
+    _need(not rl.budget_fractions or rl.token_budget > 0,
+          f"rl.budget_fractions={list(rl.budget_fractions)} are fractions of rl.token_budget: "
+          "set rl.token_budget > 0.")
+    _need(all(0.0 < f < 1.0 for f in rl.budget_fractions),
+          f"rl.budget_fractions={list(rl.budget_fractions)} must lie strictly between 0 and 1 "
+          "(the end of the budget is the final checkpoint).")
     _need(rl.advantage in ESTIMATORS,
           f"rl.advantage={rl.advantage!r} is not one of {sorted(ESTIMATORS)}.")
     _need(not (rl.advantage in GROUP_RELATIVE and rl.samples_per_prompt < 2 and not rl.two_stage),

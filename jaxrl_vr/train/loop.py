@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import time
 from typing import Any, Callable, Sequence
@@ -40,11 +41,15 @@ from jaxrl_vr.train.metrics import MetricsWriter, ProgressBar, rollout_metrics
 from jaxrl_vr.train.optim import OptimConfig, make_optimizer
 from jaxrl_vr.train.prompts import PairedSource
 from jaxrl_vr.train.update import NonFiniteLossError, update_on_batch
+from jaxrl_vr.train.workdir import write_json
 from jaxrl_vr.train.rollout import encode_prompts, make_reward_shaper, make_round_scorer, make_scorer
 from jaxrl_vr.verifiers.pool import ErrorLog, ErrorStop
 
 __all__ = ["Budget", "LoopState", "NonFiniteLossError", "RLTrainer", "RunInterrupted",
            "VerifierFailure", "initial_loop_state", "make_batch_strategy"]
+
+
+BUDGET_CHECKPOINTS = "budget_checkpoints"  # workdir entry of the kept budget-fraction states
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -134,6 +139,9 @@ class RLTrainer:
         self.budget = Budget()
         self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"),
                                          max_to_keep=rl.max_to_keep)
+        self.budget_checkpointer = (Checkpointer(os.path.join(self.workdir, BUDGET_CHECKPOINTS),
+                                                 max_to_keep=None)
+                                    if rl.budget_fractions else None)
         errors_path = os.path.join(self.workdir, "verifier_errors.jsonl")
         self.error_stop = ErrorStop(rl.verifier_error_fraction, rl.verifier_error_patience,
                                     path=errors_path)
@@ -163,6 +171,38 @@ class RLTrainer:
 
     def save(self, rl_step: int) -> None:
         self.checkpointer.save(rl_step, self.state._asdict(), self._host_state(rl_step))
+
+    def _budget_marks(self) -> list[dict]:
+        path = os.path.join(self.workdir, BUDGET_CHECKPOINTS + ".json")
+        if not os.path.isfile(path):
+            return []
+        with open(path) as f:
+            return json.load(f)["marks"]
+
+    def save_budget_fractions(self, rl_step: int) -> list[float]:
+        """Keeps the state for every ``rl.budget_fractions`` entry the budget has just crossed.
+
+        The first step whose cumulative generated tokens reach f · token_budget is saved
+        in ``budget_checkpoints/`` (never rotated) and recorded in
+        ``budget_checkpoints.json`` as {"fraction", "step", "token_budget", "generated_tokens"}. Returns the
+        fractions saved now.
+        """
+        if self.budget_checkpointer is None:
+            return []
+        marks = self._budget_marks()
+        taken = {m["fraction"] for m in marks}
+        new = [f for f in self.rl.budget_fractions if f not in taken
+               and self.budget.generated_tokens >= f * self.rl.token_budget]
+        if not new:
+            return []
+        if rl_step not in self.budget_checkpointer.all_steps():
+            self.budget_checkpointer.save(rl_step, self.state._asdict(), self._host_state(rl_step))
+        marks += [{"fraction": f, "step": rl_step, "token_budget": int(self.rl.token_budget),
+                   "generated_tokens": float(self.budget.generated_tokens)} for f in new]
+        write_json(os.path.join(self.workdir, BUDGET_CHECKPOINTS + ".json"),
+                   {"token_budget": self.rl.token_budget,
+                    "marks": sorted(marks, key=lambda m: m["fraction"])})
+        return new
 
     def restore(self) -> int:
         """Loads the newest intact checkpoint if any; returns the RL step to continue from.
@@ -337,6 +377,7 @@ class RLTrainer:
                 if ((self.rl.checkpoint_every and done % self.rl.checkpoint_every == 0)
                         or done == end or self.budget_spent() or stop):
                     self.save(done)
+                self.save_budget_fractions(done)
                 if on_step is not None:
                     on_step(done, scalars)
                 self._check_verifier_errors(info)
@@ -352,4 +393,6 @@ class RLTrainer:
 
     def close(self) -> None:
         self.checkpointer.close()
+        if self.budget_checkpointer is not None:
+            self.budget_checkpointer.close()
         self._close_scorer()

@@ -9,6 +9,8 @@ Layout read here (written by ``jaxrl_vr.train.pipeline.run_pipeline``):
                            other model sources reload the base from model.path
   base_calibration.json    {"counts": [P], "n": n_cal, ...} independent base samples
   checkpoints/             Checkpointer: the loop state {"train": TrainState, "key", "estimator"} + host
+  budget_checkpoints/      the same, kept at rl.budget_fractions of rl.token_budget (never rotated)
+  budget_checkpoints.json  {"token_budget", "marks": [{"fraction", "step", "token_budget", "generated_tokens"}]}
   summary.json             written when the run (RL + final evaluation) is complete
   metrics.jsonl            per-step metrics (budget/* fields, cumulative)
 """
@@ -27,6 +29,7 @@ __all__ = [
     "LoadedRun",
     "RunNotFoundError",
     "RunStats",
+    "budget_marks",
     "checkpoint_steps",
     "load_run",
     "read_run_stats",
@@ -110,8 +113,19 @@ def _complete_steps(directory: str) -> list[int]:
 
 
 def checkpoint_steps(workdir: str | os.PathLike) -> list[int]:
-    """RL steps with a saved checkpoint, ascending."""
-    return _complete_steps(os.path.join(_workdir(workdir), "checkpoints"))
+    """RL steps with a saved checkpoint (rotating or budget-fraction), ascending."""
+    workdir = _workdir(workdir)
+    return sorted(set(_complete_steps(os.path.join(workdir, "checkpoints")))
+                  | set(_complete_steps(os.path.join(workdir, "budget_checkpoints"))))
+
+
+def budget_marks(workdir: str | os.PathLike) -> list[dict]:
+    """[{"fraction", "step", "token_budget", "generated_tokens"}] of the kept budget checkpoints."""
+    path = os.path.join(_workdir(workdir), "budget_checkpoints.json")
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return list(json.load(f)["marks"])
 
 
 def _parse_checkpoint(checkpoint: str | int) -> str | int:
@@ -147,6 +161,8 @@ def load_run(workdir: str | os.PathLike, checkpoint: str | int = "final") -> Loa
         cfg = PipelineConfig.from_dict(json.load(f))
     ckpt_dir = os.path.join(workdir, "checkpoints")
     steps = _complete_steps(ckpt_dir)
+    budget_dir = os.path.join(workdir, "budget_checkpoints")
+    budget_steps = _complete_steps(budget_dir)
     base_dir = os.path.join(workdir, "base")
     if which == "base":
         if cfg.model.source == "builtin" and not _complete_steps(base_dir):
@@ -158,10 +174,13 @@ def load_run(workdir: str | os.PathLike, checkpoint: str | int = "final") -> Loa
             )
         if which == "final":
             which = steps[-1]
-        if which not in steps:
+        if which not in steps and which not in budget_steps:
             raise CheckpointNotFoundError(
-                f"workdir {workdir} has no checkpoint at step {which}; available: {steps} (or base, final)."
+                f"workdir {workdir} has no checkpoint at step {which}; available: "
+                f"{sorted(set(steps) | set(budget_steps))} (or base, final)."
             )
+        if which not in steps:
+            ckpt_dir = budget_dir
 
     data = sources.load_task(cfg)
     eval_items = data.heldout

@@ -20,6 +20,7 @@ RESUMABLE_KEYS = (
     "run.",
     "rl.steps",
     "rl.token_budget",
+    "rl.budget_fractions",
     "rl.checkpoint_every",
     "rl.max_to_keep",
     "rl.verifier_workers",

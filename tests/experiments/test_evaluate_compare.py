@@ -148,3 +148,82 @@ def test_compare_table_paired_differences_and_resume(smoke_run, tmp_path):
     cmd = compare.train_command(arms[1], 3, "/w", 5000)
     assert cmd[-3:] == ["--config.rl.advantage=loo", "--config.seed=3", "--config.rl.token_budget=5000"]
     assert "--config=x.py:smoke" in cmd
+
+
+def test_compare_grid_schedules_donors_first_shares_bases_and_evaluates_fractions(tmp_path):
+    """A scripted runner stands in for the processes: with two jobs, an arm that shares the
+    seed's base starts only after the donor trained, from a copy of its base files; an arm
+    that changes a base section builds its own; kept budget checkpoints are evaluated; a
+    rerun launches nothing."""
+    import threading
+
+    root = str(tmp_path / "grid")
+    arms = compare.with_common(
+        [compare.parse_arm("a", "cfg.py"), compare.parse_arm("b=rl.advantage=loo", "cfg.py"),
+         compare.parse_arm("c=sft.steps=5", "cfg.py")], "rl.steps=9", "cfg.py")
+    assert arms[1].overrides == ("rl.steps=9", "rl.advantage=loo")
+    assert compare.shares_base(arms[1], arms[0]) and not compare.shares_base(arms[2], arms[0])
+    plan = compare.plan_jobs(root, arms, [0, 1], share_base=True)
+    assert [(j.arm.name, j.seed, j.donor is not None) for j in plan] == [
+        ("a", 0, False), ("c", 0, False), ("a", 1, False), ("c", 1, False), ("b", 0, True), ("b", 1, True)]
+
+    lock, events, seen_base = threading.Lock(), [], {}
+
+    def flag(cmd, name):
+        return next(c.split("=", 1)[1] for c in cmd if c.startswith(f"--{name}="))
+
+    def runner(cmd, log_path):
+        workdir = flag(cmd, "workdir")
+        kind = cmd[2].split(".")[-1]
+        with lock:
+            events.append((kind, workdir, "start"))
+        if kind == "train":
+            assert any(c.startswith("--config.rl.budget_fractions=(0.5,") for c in cmd)
+            seen_base[workdir] = sorted(os.listdir(workdir)) if os.path.isdir(workdir) else []
+            os.makedirs(os.path.join(workdir, "base"), exist_ok=True)
+            for name, tree in (("config.json", {}), ("base_eval.json", {"digest": workdir}),
+                               ("summary.json", {"rl_steps": 8, "budget": {"generated_tokens": 100}}),
+                               ("budget_checkpoints.json", {"token_budget": 100, "marks": [
+                                   {"fraction": 0.5, "step": 4, "token_budget": 100, "generated_tokens": 52}]})):
+                if not os.path.exists(os.path.join(workdir, name)):
+                    with open(os.path.join(workdir, name), "w") as f:
+                        json.dump(tree, f)
+        else:
+            label = flag(cmd, "checkpoint")
+            os.makedirs(os.path.join(workdir, "eval", label))
+            with open(os.path.join(workdir, "eval", label, "evaluation.json"), "w") as f:
+                json.dump({"n": 4}, f)
+        with lock:
+            events.append((kind, workdir, "end"))
+
+    compare.run_grid(root, arms, [0, 1], token_budget=100, num_samples=4, budget_fractions=(0.5,),
+                     jobs=2, share_base=True, runner=runner, log=lambda s: None)
+    for seed in (0, 1):
+        a, b, c = (compare.run_dir(root, name, seed) for name in "abc")
+        assert events.index(("train", a, "end")) < events.index(("train", b, "start"))
+        assert seen_base[b] == ["base", "base_eval.json"]  # copied from a (no calibration there)
+        with open(os.path.join(b, "base_eval.json")) as f:
+            assert json.load(f)["digest"] == a
+        assert seen_base[a] == [] and seen_base[c] == []
+        for workdir in (a, b, c):
+            for label in ("final", "4"):
+                assert os.path.isfile(os.path.join(workdir, "eval", label, "evaluation.json"))
+    assert len(events) == 2 * 3 * 2 * 3  # train + final + fraction evaluation, start and end
+    events.clear()
+    compare.run_grid(root, arms, [0, 1], token_budget=100, num_samples=4, budget_fractions=(0.5,),
+                     jobs=2, share_base=True, runner=runner, log=lambda s: None)
+    assert events == []
+
+
+def test_compare_grid_stops_on_a_failed_run(tmp_path):
+    arms = [compare.parse_arm("a", "cfg.py"), compare.parse_arm("b=rl.advantage=loo", "cfg.py")]
+    launched = []
+
+    def runner(cmd, log_path):
+        launched.append(cmd)
+        raise RuntimeError("command failed (exit 1)")
+
+    with pytest.raises(RuntimeError, match="exit 1"):
+        compare.run_grid(str(tmp_path), arms, [0], token_budget=None, num_samples=4, jobs=2,
+                         share_base=True, runner=runner, log=lambda s: None)
+    assert len(launched) == 1  # b waits for its donor a, which failed: b never starts
