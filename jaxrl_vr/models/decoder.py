@@ -317,10 +317,16 @@ class Decoder(nnx.Module):
         return self.lm_head[...]
 
     def logits(self, hidden_btd: jax.Array) -> jax.Array:
-        """hidden [.., D] @ unembed [D, V] in the compute dtype, float32 accumulation and output."""
+        """hidden [.., D] @ unembed [D, V] in the compute dtype, float32 accumulation and output.
+
+        Uses the inference copy of the tied unembedding when `cast_matmul_weights` made one
+        (same values as casting `unembed_matrix()` here, so the same logits).
+        """
         lead_shape = hidden_btd.shape[:-1]
         hidden_nd = hidden_btd.reshape(-1, hidden_btd.shape[-1])
-        logits_nv = mixed_einsum("nd,dv->nv", hidden_nd, self.unembed_matrix(), dtype=self.config.matmul_dtype)
+        copy = getattr(self, "unembed_compute", None)
+        unembed_dv = self.unembed_matrix() if copy is None else copy[...]
+        logits_nv = mixed_einsum("nd,dv->nv", hidden_nd, unembed_dv, dtype=self.config.matmul_dtype)
         return logits_nv.reshape(lead_shape + logits_nv.shape[-1:])
 
     def init_cache(self, batch: int, max_len: int, dtype: Any = None) -> KVCache:
@@ -434,20 +440,40 @@ MATMUL_WEIGHT_NAMES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 """Stacked block matrices (the bulk of the parameters): only ever read as matmul operands."""
 
 
+class ComputeCopy(nnx.Variable):
+    """A compute-dtype copy of a parameter made for inference (`cast_matmul_weights`); not trained."""
+
+
 def cast_matmul_weights(model: Decoder) -> Decoder:
-    """Casts the stacked block matrices of `model` to its compute dtype, in place; returns it.
+    """Casts the matmul-only weights of `model` to its compute dtype, in place; returns it.
 
     For inference under mixed precision (the sampler calls it on its merged copy inside
     jit): every decode step would otherwise re-read the float32 master matrices and convert
-    them to bf16 again. The numerics are unchanged (`mixed_einsum` casts to the same dtype);
-    norms, biases and the (tied) embedding keep the parameter dtype. Do not differentiate
-    through it: the gradients of the cast matrices would be bf16.
+    them to bf16 again. Cast: the stacked block matrices and an untied `lm_head`. A tied
+    embedding is also the float32 lookup table of the residual stream, so it stays as it is
+    and the LM head gets a separate [D, V] copy in the compute dtype
+    (`model.unembed_compute`, used by `Decoder.logits`). That copy is materialised in the
+    [D, V] layout on purpose: reading the [V, D] table transposed inside the dot gives a
+    bf16 dot whose rhs contracts its last dimension, which XLA:CPU does not run on its bf16
+    (YNNPACK) path; it upcast the table to float32 once and ran every decode step's
+    [B, D] x [D, V] LM head as a float32 dot instead.
+
+    The numerics are unchanged (`mixed_einsum` casts to the same dtype); norms, biases and
+    the embedding table keep the parameter dtype. A no-op when the compute dtype is the
+    parameter dtype. Do not differentiate through it: the gradients of the cast matrices
+    would be bf16.
     """
     dtype = jnp.dtype(model.config.matmul_dtype)
     for name in MATMUL_WEIGHT_NAMES:
         param = getattr(model.layers, name)
         if param is not None and param[...].dtype != dtype:
             param.set_value(param[...].astype(dtype))
+    if model.lm_head is not None:
+        if model.lm_head[...].dtype != dtype:
+            model.lm_head.set_value(model.lm_head[...].astype(dtype))
+    elif model.embed[...].dtype != dtype:
+        # The barrier keeps XLA from folding the transpose back into the LM-head dot.
+        model.unembed_compute = ComputeCopy(jax.lax.optimization_barrier(model.embed[...].astype(dtype).T))
     return model
 
 

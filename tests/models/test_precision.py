@@ -224,16 +224,32 @@ def test_smollm2_mixed_precision_logits_close_to_fp32():
     assert (logits16.argmax(-1) == logits32.argmax(-1)).mean() >= 0.95
 
 
-def test_cast_matmul_weights_changes_dtypes_not_logits():
-    """The sampler's one-off cast of the block matrices gives the same bf16-compute logits."""
+@pytest.mark.parametrize("jit", [True, False])
+@pytest.mark.parametrize("name", ["tiny_qwen2", "tiny_llama"])  # Tied and untied LM head.
+def test_cast_matmul_weights_changes_dtypes_not_logits(name, jit):
+    """The sampler's one-off cast of the matmul-only weights gives the same bf16-compute logits:
+    block matrices and an untied lm_head become bf16; a tied embedding stays the float32 lookup
+    table and the LM head reads a bf16 [D, V] copy of it."""
     from jaxrl_vr.models.decoder import MATMUL_WEIGHT_NAMES, cast_matmul_weights
 
-    path = os.path.join(FIXTURES, "tiny_qwen2")
+    path = os.path.join(FIXTURES, name)
     model = set_compute_dtype(from_pretrained(path), "bfloat16")
+    forward = _forward if jit else (lambda m, t, k: m(t, mask_bt=k))
     tokens_bt = jnp.asarray(np.arange(1, 11, dtype=np.int32).reshape(2, 5))
     mask_bt = jnp.ones(tokens_bt.shape, bool)
-    before = _forward(model, tokens_bt, mask_bt)
+    before = forward(model, tokens_bt, mask_bt)
+    embed = np.asarray(model.embed[...])
     cast_matmul_weights(model)
     assert {getattr(model.layers, n)[...].dtype for n in MATMUL_WEIGHT_NAMES} == {jnp.dtype(jnp.bfloat16)}
-    assert model.embed[...].dtype == model.layers.attn_norm[...].dtype == model.layers.bq[...].dtype == jnp.float32
-    np.testing.assert_array_equal(_forward(model, tokens_bt, mask_bt), before)
+    assert model.embed[...].dtype == model.layers.attn_norm[...].dtype == jnp.float32
+    np.testing.assert_array_equal(model.embed[...], embed)
+    if model.lm_head is None:
+        copy = model.unembed_compute[...]
+        assert copy.dtype == jnp.bfloat16 and copy.shape == (model.config.hidden_size, model.config.vocab_size)
+        np.testing.assert_array_equal(copy, jnp.asarray(embed.T).astype(jnp.bfloat16))
+    else:
+        assert model.lm_head[...].dtype == jnp.bfloat16 and not hasattr(model, "unembed_compute")
+    # Same bf16 operands; the dot may accumulate in another order (bf16 kernel vs a float32 one).
+    np.testing.assert_allclose(forward(model, tokens_bt, mask_bt), before, rtol=0, atol=1e-5)
+    fp32 = from_pretrained(path)  # float32 compute: nothing to cast.
+    assert cast_matmul_weights(fp32).layers.wq[...].dtype == jnp.float32 and not hasattr(fp32, "unembed_compute")

@@ -2,6 +2,7 @@
 one prefill per prompt, log-prob consistency and the filtered sampling distribution."""
 
 import os
+import re
 
 import chex
 import jax
@@ -191,6 +192,77 @@ def test_mixed_precision_rollout_logp_matches_teacher_forcing():
                       stop_token_ids=NO_STOP)
     # The tiny fixture's float32 greedy tokens: bf16 may flip a near-tie late in a row, not early.
     np.testing.assert_array_equal(np.asarray(greedy.tokens_bt)[:, :2], ref["greedy_tokens"][:, :2])
+
+
+def test_mixed_precision_unembedding_copy_keeps_the_rollout(monkeypatch):
+    """The once-per-call bf16 [D, V] copy of the tied unembedding gives the same rollout (same
+    tokens for a fixed key, log-probs to float32 accumulation order) as casting it in the dot."""
+    model, ref = load("tiny_qwen2")
+    assert model.lm_head is None  # Tied: the copy is what is under test.
+    set_compute_dtype(model, "bfloat16")
+    prompts, mask = ref["input_ids"], ref["attention_mask"]
+    kwargs = dict(num_samples=3, max_new_tokens=8, temperature=1.0, stop_token_ids=NO_STOP)
+    new = generate(jax.random.key(5), model, prompts, mask, **kwargs)
+    original = sampler_lib.cast_matmul_weights
+
+    def without_copy(m):  # The cast before the copy existed: the dot casts embed.T itself.
+        m = original(m)
+        del m.unembed_compute
+        return m
+
+    monkeypatch.setattr(sampler_lib, "cast_matmul_weights", without_copy)
+    jax.clear_caches()  # Retrace _generate_core with the old cast.
+    try:
+        old = generate(jax.random.key(5), model, prompts, mask, **kwargs)
+    finally:
+        monkeypatch.undo()
+        jax.clear_caches()
+    np.testing.assert_array_equal(new.tokens_bt, old.tokens_bt)
+    np.testing.assert_array_equal(new.mask_bt, old.mask_bt)
+    np.testing.assert_allclose(new.logp_bt, old.logp_bt, atol=1e-5)
+
+
+def _reachable(hlo_text: str, roots) -> set:
+    """Names of the computations called (transitively) from `roots` in an HLO module's text."""
+    comps = {}
+    for block in re.split(r"\n(?=\S)", hlo_text):
+        match = re.match(r"(?:ENTRY )?%([\w.\-]+) ", block)
+        if match:
+            comps[match.group(1)] = block
+    seen, todo = set(), list(roots)
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in comps:
+            continue
+        seen.add(name)
+        todo += re.findall(r"(?:calls|body|condition|to_apply|branch_computations)=\{?%([\w.\-]+)", comps[name])
+    return {name: comps[name] for name in seen}
+
+
+def test_mixed_precision_decode_loop_runs_a_bf16_lm_head_without_recasting():
+    """Compiled sampler, tied bf16-compute model: no [V, D] / [D, V] convert inside the decode
+    loop, and its [B, D] x [D, V] LM-head dot takes bf16 operands (XLA:CPU's bf16 dot path)
+    rather than a float32 upcast of the table."""
+    model, ref = load("tiny_qwen2")
+    set_compute_dtype(model, "bfloat16")
+    vocab, width = model.config.vocab_size, model.config.hidden_size
+    graphdef, state = nnx.split(model)
+    prompts = np.asarray(ref["input_ids"], np.int32)[:, -8:]
+    mask = np.ones(prompts.shape, bool)
+    num_samples = 3
+    batch = prompts.shape[0] * num_samples
+    hlo = sampler_lib._generate_core.lower(
+        graphdef, state, jax.random.key(0), prompts, mask, np.int32(8), np.float32(1), np.float32(1),
+        np.int32(0), np.asarray(NO_STOP, np.int32), np.int32(0), num_samples=num_samples, buffer_len=16,
+        greedy=False, use_filter=False).compile().as_text()
+    bodies = re.findall(r"while\(.*?body=%([\w.\-]+)", hlo)
+    assert bodies
+    loop = "\n".join(_reachable(hlo, bodies).values())
+    table = rf"\[({vocab},{width}|{width},{vocab})\]"
+    assert not re.search(rf"= \w+{table}\S* convert\(", loop), "the unembedding is converted in the loop"
+    types = dict(re.findall(r"%([\w.\-]+) = (\w+)\[", hlo))
+    lm_head = re.findall(rf"= f32\[{batch},{vocab}\]\S* dot\(%([\w.\-]+), %([\w.\-]+)\)", loop)
+    assert lm_head and {(types[a], types[b]) for a, b in lm_head} == {("bf16", "bf16")}, lm_head
 
 
 class FilterLogitsTest(chex.TestCase):
