@@ -31,7 +31,7 @@ DEFAULT_CHUNK_ELEMENTS = 1 << 24
 
 
 def mixed_einsum(spec: str, x: jax.Array, y: jax.Array, *, dtype: Any = jnp.float32,
-                 precision: jax.lax.PrecisionLike = None) -> jax.Array:
+                 precision: jax.lax.PrecisionLike = None, save_inputs: str = "") -> jax.Array:
     """Two-operand einsum with operands cast to `dtype` and float32 accumulation and output.
 
     The mixed-precision matmul of the house policy (STYLE.md "Precision"): operands are cast
@@ -53,6 +53,14 @@ def mixed_einsum(spec: str, x: jax.Array, y: jax.Array, *, dtype: Any = jnp.floa
       x, y: floating arrays of any float dtype.
       dtype: operand (compute) dtype.
       precision: passed to the float32 einsum only.
+      save_inputs: which operands ("x", "y", "xy" or "") the backward pass keeps as they
+        came in, casting them again when it runs, instead of keeping their `dtype` copies
+        (the default). Same values and gradients either way; only what stays alive between
+        the forward and the backward pass changes. Worth it where the original is alive
+        anyway: a parameter slice of a layer scan (JAX forwards a scanned input as a
+        residual without stacking it, whereas the bf16 copy is stacked per layer), an
+        activation that several matmuls read (one residual instead of one copy each), or
+        one that another op saves (softmax probabilities).
 
     Returns:
       float32 array of the output shape.
@@ -62,7 +70,10 @@ def mixed_einsum(spec: str, x: jax.Array, y: jax.Array, *, dtype: Any = jnp.floa
         return jnp.einsum(spec, x.astype(dtype), y.astype(dtype), precision=precision,
                           preferred_element_type=jnp.float32)
     _split_spec(spec)  # Validate before tracing the custom VJP.
-    return _mixed_einsum(spec, dtype, jnp.dtype(x.dtype), jnp.dtype(y.dtype), x, y)
+    if set(save_inputs) - {"x", "y"}:
+        raise ValueError(f"save_inputs={save_inputs!r}; expected a combination of 'x' and 'y'.")
+    return _mixed_einsum(spec, dtype, jnp.dtype(x.dtype), jnp.dtype(y.dtype),
+                         ("x" in save_inputs, "y" in save_inputs), x, y)
 
 
 def _split_spec(spec: str) -> tuple[str, str, str]:
@@ -74,19 +85,21 @@ def _split_spec(spec: str) -> tuple[str, str, str]:
     return x_sub, y_sub, out
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
-def _mixed_einsum(spec, dtype, x_dtype, y_dtype, x, y):
-    return _mixed_einsum_fwd(spec, dtype, x_dtype, y_dtype, x, y)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
+def _mixed_einsum(spec, dtype, x_dtype, y_dtype, save, x, y):
+    return _mixed_einsum_fwd(spec, dtype, x_dtype, y_dtype, save, x, y)[0]
 
 
-def _mixed_einsum_fwd(spec, dtype, x_dtype, y_dtype, x, y):
+def _mixed_einsum_fwd(spec, dtype, x_dtype, y_dtype, save, x, y):
     x_c, y_c = x.astype(dtype), y.astype(dtype)
-    return jnp.einsum(spec, x_c, y_c, preferred_element_type=jnp.float32), (x_c, y_c)
+    out = jnp.einsum(spec, x_c, y_c, preferred_element_type=jnp.float32)
+    save_x, save_y = save
+    return out, (x if save_x else x_c, y if save_y else y_c)
 
 
-def _mixed_einsum_bwd(spec, dtype, x_dtype, y_dtype, residuals, g):
+def _mixed_einsum_bwd(spec, dtype, x_dtype, y_dtype, save, residuals, g):
     x_sub, y_sub, out = _split_spec(spec)
-    x_c, y_c = residuals
+    x_c, y_c = (r.astype(dtype) for r in residuals)  # No-ops unless saved as they came in.
     g_c = g.astype(dtype)
     dx = jnp.einsum(f"{out},{y_sub}->{x_sub}", g_c, y_c, preferred_element_type=jnp.float32)
     dy = jnp.einsum(f"{x_sub},{out}->{y_sub}", x_c, g_c, preferred_element_type=jnp.float32)

@@ -221,13 +221,17 @@ def _block(config: DecoderConfig, p: dict[str, jax.Array], x_btd: jax.Array, cos
     eps = config.rms_norm_eps
     compute = jnp.dtype(config.matmul_dtype)
 
-    def mm(spec, x, w):  # Operands in the compute dtype, float32 accumulation, residual dtype out.
-        return mixed_einsum(spec, x, w, dtype=compute).astype(x_btd.dtype)
+    def mm(spec, x, w, save="y"):  # Compute-dtype operands, f32 accumulation, residual dtype out.
+        # The backward pass keeps the float32 weight slice (the scan forwards it; a bf16 copy
+        # would be stacked per layer) and, for the normed input shared by q/k/v and by
+        # gate/up ("xy"), one float32 array instead of one bf16 copy per matmul: bf16 compute
+        # then needs about the activation memory of float32 (SmolLM2 update: -0.6 GB).
+        return mixed_einsum(spec, x, w, dtype=compute, save_inputs=save).astype(x_btd.dtype)
 
     h_btd = rms_norm(x_btd, p["attn_norm"], eps)
-    q = mm("btd,dhe->bthe", h_btd, p["wq"])
-    k = mm("btd,dke->btke", h_btd, p["wk"])
-    v = mm("btd,dke->btke", h_btd, p["wv"])
+    q = mm("btd,dhe->bthe", h_btd, p["wq"], "xy")
+    k = mm("btd,dke->btke", h_btd, p["wk"], "xy")
+    v = mm("btd,dke->btke", h_btd, p["wv"], "xy")
     if "bq" in p:
         q, k, v = q + _lead(p["bq"], 4), k + _lead(p["bk"], 4), v + _lead(p["bv"], 4)
     if "q_norm" in p:
@@ -240,8 +244,8 @@ def _block(config: DecoderConfig, p: dict[str, jax.Array], x_btd: jax.Array, cos
         out_btd = out_btd + _lead(p["bo"], 3)
     x_btd = x_btd + out_btd
     h_btd = rms_norm(x_btd, p["mlp_norm"], eps)
-    gate = mm("btd,df->btf", h_btd, p["w_gate"])
-    up = mm("btd,df->btf", h_btd, p["w_up"])
+    gate = mm("btd,df->btf", h_btd, p["w_gate"], "xy")
+    up = mm("btd,df->btf", h_btd, p["w_up"], "xy")
     return x_btd + mm("btf,fd->btd", jax.nn.silu(gate) * up, p["w_down"]), aux
 
 

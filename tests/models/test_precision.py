@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from absl.testing import parameterized
 from flax import nnx
 
 from jaxrl_vr import ratios
@@ -55,14 +56,15 @@ class MixedEinsumTest(chex.TestCase):
         np.testing.assert_allclose(got, jnp.einsum("btd,dv->btv", x, y), rtol=1e-6, atol=1e-6)
 
     @chex.variants(with_jit=True, without_jit=True)
-    def test_bf16_forward_and_grads_hand_computed(self):
+    @parameterized.parameters("", "x", "y", "xy")
+    def test_bf16_forward_and_grads_hand_computed(self, save_inputs):
         # Values that bf16 cannot hold exactly, so a missing cast would show.
         x = np.array([[1.001, -2.003, 0.5007], [3.0009, 0.2501, -1.0003]], np.float32)  # [t, d]
         y = np.array([[0.3333, 1.0], [-0.7777, 2.0001], [1.0039, -0.125]], np.float32)  # [d, v]
         g = np.array([[1.0017, -0.5], [0.25, 3.0011]], np.float32)  # cotangent [t, v]
 
         def f(a, b):
-            return ratios.mixed_einsum("td,dv->tv", a, b, dtype=jnp.bfloat16)
+            return ratios.mixed_einsum("td,dv->tv", a, b, dtype=jnp.bfloat16, save_inputs=save_inputs)
 
         out, vjp = jax.vjp(self.variant(f), jnp.asarray(x), jnp.asarray(y))
         dx, dy = vjp(jnp.asarray(g))
@@ -81,11 +83,33 @@ class MixedEinsumTest(chex.TestCase):
         assert (dx.dtype, dy.dtype) == (jnp.bfloat16, jnp.float32)
         np.testing.assert_array_equal(dy, np.full((3, 4), 2.0))
 
+    def test_saving_a_scanned_weight_avoids_its_stacked_bf16_copy(self):
+        """save_inputs="y" on a layer scan's weight slice: the backward pass reads the float32
+        slice (forwarded by the scan), so the [L, d, f] bf16 copy is no longer stacked."""
+        layers, width = 4, 256
+        w_ldf = jax.random.normal(jax.random.key(0), (layers, width, width)) / 16
+        x_td = jax.random.normal(jax.random.key(1), (4, width))
+
+        def loss(save_inputs):
+            def total(w):
+                def body(h, w_df):
+                    return jnp.tanh(ratios.mixed_einsum("td,df->tf", h, w_df, dtype=jnp.bfloat16,
+                                                        save_inputs=save_inputs)), None
+                return jnp.sum(jax.lax.scan(body, x_td, w)[0])
+            return jax.jit(jax.grad(total))
+
+        temp = {s: loss(s).lower(w_ldf).compile().memory_analysis().temp_size_in_bytes for s in ("", "y")}
+        stacked_bf16_bytes = layers * width * width * 2
+        assert temp["y"] + 0.9 * stacked_bf16_bytes <= temp[""], temp
+        np.testing.assert_array_equal(loss("y")(w_ldf), loss("")(w_ldf))
+
     def test_rejects_specs_it_cannot_transpose(self):
         x = jnp.ones((2, 3))
         for spec in ("td,dv->v", "...d,dv->...v"):
             with pytest.raises(ValueError, match="mixed_einsum"):
                 ratios.mixed_einsum(spec, x, jnp.ones((3, 4)), dtype=jnp.bfloat16)
+        with pytest.raises(ValueError, match="save_inputs"):
+            ratios.mixed_einsum("td,dv->tv", x, jnp.ones((3, 4)), dtype=jnp.bfloat16, save_inputs="w")
 
     def test_narrower_float(self):
         assert ratios.narrower_float(jnp.float32, jnp.bfloat16) == jnp.bfloat16
@@ -139,6 +163,29 @@ def test_policy_keeps_float32_master_params_and_grads(chunk_size):
     flat32 = np.concatenate([np.ravel(x) for x in jax.tree.leaves(grads32)])
     cosine = flat16 @ flat32 / np.linalg.norm(flat16) / np.linalg.norm(flat32)
     assert 0.999 < cosine < 1.0, cosine  # Close to, but not, the float32 gradient.
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_saved_float32_inputs_keep_the_gradients(monkeypatch, jit):
+    """The decoder's `save_inputs` choices change what the backward pass keeps alive, not the
+    gradients: equal to those with every bf16 copy saved (the previous residuals)."""
+    from jaxrl_vr.models import decoder
+
+    graphdef, params, rest = _split("bfloat16")
+    tokens_bt = jnp.arange(24, dtype=jnp.int32).reshape(2, 12) % 96
+
+    def grads():
+        fn = jax.grad(_loss_fn(graphdef, rest, tokens_bt))
+        return (jax.jit(fn) if jit else fn)(params)
+
+    new = grads()
+    original = ratios.mixed_einsum
+    copies_only = lambda *args, save_inputs="", **kwargs: original(*args, **kwargs)  # noqa: E731
+    monkeypatch.setattr(decoder, "mixed_einsum", copies_only)
+    monkeypatch.setattr(ratios, "mixed_einsum", copies_only)
+    old = grads()
+    assert {x.dtype for x in jax.tree.leaves(new)} == {jnp.dtype(jnp.float32)}
+    chex.assert_trees_all_close(new, old, rtol=1e-6, atol=1e-8)
 
 
 def test_set_compute_dtype_validates_and_defaults_unchanged():
