@@ -9,7 +9,8 @@ the backward pass holds a float32 [B, T, V] array:
   one buffer (`map_logits_chunks`).
 - from hidden states (`token_logprobs_from_hidden`, what the trainer uses): logits are
   formed chunk by chunk from h @ W; each chunk body is under `jax.checkpoint`
-  (`map_time_chunks`), so [B, T, V] logits never exist at all.
+  (`map_time_chunks`), so [B, T, V] logits never exist at all unless the caller asks for
+  one chunk of the whole length (then nothing is recomputed in the backward pass).
 
 References: GSPO, Zheng et al. 2025, arXiv 2507.18071 (sequence-level ratio).
 """
@@ -139,13 +140,16 @@ def map_time_chunks(fn: Callable[..., Any], arrays_bt: tuple[jax.Array, ...],
     Each array has leading axes [B, T]. T is zero-padded up to a multiple of `chunk_size`
     (the padded outputs are dropped). Chunks run sequentially under `jax.lax.map`, each body
     under `jax.checkpoint`, so only one chunk's intermediates are alive at a time in the
-    forward and in the backward pass. `fn` returns a pytree of [B, chunk, ...] arrays
-    (`None` leaves are allowed).
+    forward and in the backward pass. A single chunk (`chunk_size >= T`) runs as it is,
+    without `jax.checkpoint`: its intermediates stay alive from the forward to the backward
+    pass (still O(B · chunk · V)), which then recomputes nothing; under bf16 compute XLA
+    did not remove the checkpointed recompute of the LM-head dot by itself. `fn` returns a
+    pytree of [B, chunk, ...] arrays (`None` leaves are allowed).
     """
     batch, length = arrays_bt[0].shape[:2]
-    checkpointed_fn = jax.checkpoint(fn)
     if chunk_size >= length:
-        return checkpointed_fn(*arrays_bt)
+        return fn(*arrays_bt)
+    checkpointed_fn = jax.checkpoint(fn)
     num_chunks = -(-length // chunk_size)
     padded_length = num_chunks * chunk_size
 
@@ -324,10 +328,13 @@ def token_logprobs_from_hidden(
     Per time chunk c: z_bcv = hidden_bcd @ unembed_dv with operands in the narrower of the
     two dtypes and float32 accumulation (`mixed_einsum`: bf16 hidden states and a float32
     master unembedding give a bf16 matmul and a float32 gradient), then
-    log π = z[y] − logsumexp(z) and, optionally, H = −Σ_v p_v log p_v. Each chunk body is
-    under `jax.checkpoint`: the backward pass recomputes one chunk's logits at a time, so
-    peak memory is O(B · chunk · V) instead of O(B · T · V). (With bf16 *parameters* the
-    unembedding gradient is summed over chunks in bf16.)
+    log π = z[y] − logsumexp(z) and, optionally, H = −Σ_v p_v log p_v. With several
+    chunks each chunk body is under `jax.checkpoint`: the backward pass recomputes one
+    chunk's logits at a time, so peak memory is O(B · chunk · V) instead of O(B · T · V).
+    A single chunk (chunk_size >= T) is not checkpointed: it keeps its intermediates for
+    the backward pass instead of recomputing the LM-head matmul (faster when B · T · V fits;
+    see docs/performance.md). (With bf16 *parameters* the unembedding gradient is summed
+    over chunks in bf16.)
 
     Args:
         hidden_btd: [B, T, D] final (normed) hidden states; position t scores token_bt[:, t].

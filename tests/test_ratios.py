@@ -165,6 +165,26 @@ class FromHiddenTest(chex.TestCase):
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w, atol=1e-5)
 
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_single_chunk_equals_chunked_value_and_gradient(self):
+        """One chunk (no jax.checkpoint) and three checkpointed chunks: same values and
+        gradients, in float32 and with bf16 hidden states (the mixed-precision LM head)."""
+        _, tokens_bt, hidden_btd, unembed_dv = _random_problem(12)
+        weights_bt = _normal(13, tokens_bt.shape)
+
+        def loss(chunk_size):
+            def total(hidden, unembed):
+                logp_bt, entropy_bt = ratios.token_logprobs_from_hidden(
+                    hidden, unembed, tokens_bt, chunk_size=chunk_size, with_entropy=True)
+                return jnp.sum(weights_bt * logp_bt) + 0.1 * jnp.sum(entropy_bt)
+            return self.variant(jax.value_and_grad(total, argnums=(0, 1)))
+
+        for hidden in (hidden_btd, hidden_btd.astype(jnp.bfloat16)):
+            single = loss(7)(hidden, unembed_dv)
+            chunked = loss(3)(hidden, unembed_dv)
+            chex.assert_trees_all_close(single, chunked, rtol=1e-5, atol=1e-5)
+            self.assertEqual(single[1][0].dtype, hidden.dtype)
+
     def test_bf16_inputs_give_f32_close_to_reference(self):
         _, tokens_bt, hidden_btd, unembed_dv = _random_problem(6)
         hidden_bf16, unembed_bf16 = hidden_btd.astype(jnp.bfloat16), unembed_dv.astype(jnp.bfloat16)

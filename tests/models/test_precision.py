@@ -188,6 +188,32 @@ def test_saved_float32_inputs_keep_the_gradients(monkeypatch, jit):
     chex.assert_trees_all_close(new, old, rtol=1e-6, atol=1e-8)
 
 
+@pytest.mark.parametrize("chunk_size,forward_dots", [(16, 1), (8, 2)])
+def test_single_lm_head_chunk_is_not_recomputed_in_the_train_step(chunk_size, forward_dots):
+    """bf16 train step with 2 micro-batches: a single LM-head chunk (chunk = T) runs its
+    [B·T, V] dot once; checkpointed chunks (chunk < T) run theirs again in the backward pass.
+    (A checkpointed single chunk also did: XLA removed that recompute only without a scan.)"""
+    from jaxrl_vr.train import (LossConfig, OptimConfig, RolloutBatch, StepHyper, init_train_state,
+                                make_optimizer, make_train_step, split_model)
+
+    vocab, batch, prompt_len, length, micro = 96, 4, 8, 16, 2
+    model = set_compute_dtype(Decoder(DecoderConfig.tiny(vocab_size=vocab, hidden_size=48), rngs=nnx.Rngs(0)),
+                              "bfloat16")
+    graphdef, params, rest = split_model(model)
+    optim = make_optimizer(OptimConfig(learning_rate=1e-6))
+    loss_cfg = LossConfig(num_microbatches=micro, logprob_chunk_size=chunk_size, detach_behaviour=True)
+    step = make_train_step(graphdef, rest, optim, loss_cfg)
+    batch_ = RolloutBatch(jnp.ones((batch, prompt_len), jnp.int32), jnp.ones((batch, prompt_len), bool),
+                          jnp.ones((batch, length), jnp.int32), jnp.ones((batch, length), bool),
+                          jnp.zeros((batch,)), jnp.zeros((batch, length)), jnp.zeros((batch, length)),
+                          jnp.zeros((batch,)))
+    state = init_train_state(params, optim, loss_cfg)
+    hlo = step.jitted.lower(state, batch_, StepHyper.create(), rest).compile().as_text()
+    rows = batch // micro
+    lm_head = re.findall(rf"= f32\[({rows},{chunk_size}|{rows * chunk_size}),{vocab}\]\S* dot\(", hlo)
+    assert len(lm_head) == forward_dots, lm_head
+
+
 def test_set_compute_dtype_validates_and_defaults_unchanged():
     model = Decoder(DecoderConfig.tiny(), rngs=nnx.Rngs(0))
     assert model.config.compute_dtype is None and model.config.matmul_dtype == "float32"
