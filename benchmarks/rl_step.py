@@ -131,7 +131,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--max-prompt-tokens", type=int, default=32)
     parser.add_argument("--microbatches", type=int, default=8, help="gradient accumulation (one AdamW step)")
-    parser.add_argument("--chunk", type=int, default=16, help="LM-head log-softmax time chunk")
+    parser.add_argument("--chunk", type=int, default=0,
+                        help="LM-head log-softmax time chunk; 0 = one chunk of the whole response, which "
+                             "is not rematerialised (measured faster than 16 in docs/performance.md)")
     parser.add_argument("--remat", action="store_true", help="recompute each block in the backward pass")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
@@ -151,7 +153,8 @@ def main(argv=None) -> dict:
     tokenizer = load_tokenizer(args.model_dir)
     graphdef, params, rest = split_model(model)
     optim = make_optimizer(OptimConfig(learning_rate=1e-6, weight_decay=0.0, grad_clip_norm=1.0))
-    loss_cfg = LossConfig(num_microbatches=args.microbatches, logprob_chunk_size=args.chunk,
+    chunk = args.chunk or args.max_new_tokens
+    loss_cfg = LossConfig(num_microbatches=args.microbatches, logprob_chunk_size=chunk,
                           detach_behaviour=True)
     state = init_train_state(params, optim, loss_cfg)
     train_step = make_train_step(graphdef, rest, optim, loss_cfg, donate=True)
@@ -200,7 +203,7 @@ def main(argv=None) -> dict:
         "precision": args.precision,
         "model": os.path.basename(os.path.normpath(args.model_dir)),
         "P": args.prompts, "G": args.gens, "new_tokens": args.max_new_tokens,
-        "microbatches": args.microbatches, "logprob_chunk": args.chunk, "remat": args.remat,
+        "microbatches": args.microbatches, "logprob_chunk": chunk, "remat": args.remat,
         "prompts_sha": prompts_sha,
         "median_step_s": median("step_s"),
         "median_rollout_s": median("rollout_s"),
