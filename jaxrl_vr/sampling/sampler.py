@@ -155,24 +155,26 @@ def sample_token(key: jax.Array, logits_bv: jax.Array, *, temperature: jax.Array
     return categorical_inverse_cdf(key, scaled_bv)
 
 
-def _prefill(model: Decoder, tokens_ps, mask_ps, max_len: int):
+def _prefill(model: Decoder, tokens_ps, mask_ps, max_len: int, cache_dtype=None):
     """Runs the prompts once: last-position logits [P, V] and a cache of max_len slots."""
     PREFILL_BATCH_SIZES.append(tokens_ps.shape[0])
-    cache = model.init_cache(tokens_ps.shape[0], max_len)
+    cache = model.init_cache(tokens_ps.shape[0], max_len, cache_dtype)
     positions_ps = default_positions(mask_ps)
     logits_p1v, cache = model.decode_step(tokens_ps, positions_ps, cache, mask_bt=mask_ps, last_only=True)
     return logits_p1v[:, 0], cache
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "num_samples", "buffer_len", "greedy", "use_filter"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "num_samples", "buffer_len", "greedy", "use_filter",
+                                             "cache_dtype"))
 def _generate_core(graphdef, state, key, tokens_ps, mask_ps, max_new_tokens, temperature, top_p, top_k,
-                   stop_ids_n, pad_id, *, num_samples: int, buffer_len: int, greedy: bool, use_filter: bool):
+                   stop_ids_n, pad_id, *, num_samples: int, buffer_len: int, greedy: bool, use_filter: bool,
+                   cache_dtype: str | None = None):
     TRACE_COUNTS["generate"] += 1
     # Mixed precision: cast the block matrices once per call, not once per decode step.
     model = cast_matmul_weights(nnx.merge(graphdef, state))
     num_prompts, prompt_len = tokens_ps.shape
     batch = num_prompts * num_samples
-    logits_pv, cache = _prefill(model, tokens_ps, mask_ps, prompt_len + buffer_len)
+    logits_pv, cache = _prefill(model, tokens_ps, mask_ps, prompt_len + buffer_len, cache_dtype)
     repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731  Prompt-major.
     cache = cache._replace(
         keys_lbkem=jnp.repeat(cache.keys_lbkem, num_samples, axis=1),
@@ -235,7 +237,7 @@ def _generate_core(graphdef, state, key, tokens_ps, mask_ps, max_new_tokens, tem
 def generate(key: jax.Array, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *, num_samples: int = 1,
              max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
              greedy: bool = False, stop_token_ids: Sequence[int] | None = None, pad_id: int = 0,
-             bucket: int = DEFAULT_BUCKET) -> Rollout:
+             bucket: int = DEFAULT_BUCKET, cache_dtype: str | None = None) -> Rollout:
     """Samples `num_samples` responses per left-padded prompt.
 
     Args:
@@ -252,6 +254,10 @@ def generate(key: jax.Array, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *
       stop_token_ids: ids that end a response (included in it); default the config's EOS ids.
       pad_id: written after the stop token.
       bucket: prompt length and response buffer are rounded up to multiples of this.
+      cache_dtype: KV-cache dtype. None: float32 on the CPU backend, else the model's compute
+        dtype. The attention dots cast keys and values to the compute dtype either way, so
+        the rollout is the same; on XLA:CPU a bf16 cache made a bf16-compute SmolLM2 rollout
+        (64 x 64 tokens) take 18.8 s instead of 7.7 s with a float32 one (fp32 compute: 13.0 s).
 
     Returns:
       Rollout with [B, max_new_tokens] responses (see `Rollout`).
@@ -289,6 +295,7 @@ def generate(key: jax.Array, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *
         graphdef, state, key, tokens_bucketed, mask_bucketed, np.int32(max_new_tokens),
         np.float32(temperature), np.float32(top_p), np.int32(top_k), stop_ids, np.int32(pad_id),
         num_samples=num_samples, buffer_len=round_up(max_new_tokens, bucket), greedy=bool(greedy),
+        cache_dtype=cache_dtype or ("float32" if jax.default_backend() == "cpu" else None),
         use_filter=bool(not greedy and (top_k > 0 or top_p < 1)))
     prompt_tokens_bs = jnp.asarray(np.repeat(tokens_ps.astype(np.int32), num_samples, axis=0))
     prompt_mask_bs = jnp.asarray(np.repeat(mask_ps, num_samples, axis=0))

@@ -222,6 +222,21 @@ def test_mixed_precision_unembedding_copy_keeps_the_rollout(monkeypatch):
     np.testing.assert_allclose(new.logp_bt, old.logp_bt, atol=1e-5)
 
 
+def test_mixed_precision_cache_dtype_keeps_the_rollout():
+    """bf16 compute: a float32 KV cache (the CPU default) and a bf16 one give the same rollout,
+    since the attention dots cast keys and values to bf16 either way."""
+    model, ref = load("tiny_qwen2")
+    set_compute_dtype(model, "bfloat16")
+    prompts, mask = ref["input_ids"], ref["attention_mask"]
+    kwargs = dict(num_samples=3, max_new_tokens=8, temperature=1.0, stop_token_ids=NO_STOP)
+    f32 = generate(jax.random.key(6), model, prompts, mask, cache_dtype="float32", **kwargs)
+    bf16 = generate(jax.random.key(6), model, prompts, mask, cache_dtype="bfloat16", **kwargs)
+    default = generate(jax.random.key(6), model, prompts, mask, **kwargs)
+    np.testing.assert_array_equal(f32.tokens_bt, bf16.tokens_bt)
+    np.testing.assert_allclose(f32.logp_bt, bf16.logp_bt, atol=1e-5)
+    chex.assert_trees_all_equal(default, f32 if jax.default_backend() == "cpu" else bf16)
+
+
 def _reachable(hlo_text: str, roots) -> set:
     """Names of the computations called (transitively) from `roots` in an HLO module's text."""
     comps = {}
