@@ -342,6 +342,7 @@ def _run_metrics(evaluation: Mapping[str, Any], stats: run_io.RunStats,
     out["KL to base (last 10 steps)"] = None if workdir is None else _last_rows_mean(workdir, "kl")
     out["rl_steps"] = stats.rl_steps
     out["generated_tokens"] = stats.generated_tokens
+    out["calibration_tokens"] = stats.calibration_tokens  # PBA / pairing passes before RL
     out["trained_tokens"] = stats.trained_tokens
     out["rl_time_s"] = stats.rl_time_s
     out["wall_time_s"] = stats.wall_time_s
