@@ -56,6 +56,7 @@ def define_flags() -> None:
     flags.DEFINE_string("common", "", "key=value overrides applied to every arm (space-separated).")
     flags.DEFINE_list("budget_fractions", [], "Also evaluate at these fractions of the token budget.")
     flags.DEFINE_integer("jobs", 1, "Runs trained / evaluated at the same time (one process each).")
+    flags.DEFINE_multi_string("contrast", [], "A,B: also report paired differences A − B (repeatable).")
     flags.DEFINE_bool("share_base", True, "Copy a seed's SFT base and base evaluations between arms.")
     flags.DEFINE_bool("dry_run", False, "Print the commands and exit.")
 
@@ -90,6 +91,14 @@ def parse_arm(text: str, default_config: str) -> Arm:
         else:
             overrides.append(f"{key}={value}")
     return Arm(name, config, tuple(overrides))
+
+
+def parse_contrast(text: str) -> tuple[str, str]:
+    """``A,B`` -> ("A", "B"): the paired difference A − B."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 2 or not all(parts) or parts[0] == parts[1]:
+        raise ValueError(f"--contrast={text!r}: give two different arm names, A,B (for A − B).")
+    return parts[0], parts[1]
 
 
 def run_dir(root: str, arm: str, seed: int) -> str:
@@ -294,7 +303,17 @@ def run_grid(
         raise errors[0]
 
 
-def _run_metrics(evaluation: Mapping[str, Any], stats: run_io.RunStats) -> dict[str, float | None]:
+def _last_rows_mean(workdir: str, key: str, count: int = 10) -> float | None:
+    """Mean of ``key`` over the last ``count`` rows of the run's metrics.jsonl (None if absent)."""
+    from jaxrl_vr.eval.plots import read_metrics_jsonl
+
+    path = os.path.join(workdir, "metrics.jsonl")
+    rows = [r[key] for r in (read_metrics_jsonl(path) if os.path.isfile(path) else []) if key in r]
+    return float(sum(rows[-count:]) / len(rows[-count:])) if rows else None
+
+
+def _run_metrics(evaluation: Mapping[str, Any], stats: run_io.RunStats,
+                 workdir: str | None = None) -> dict[str, float | None]:
     """The per-run numbers of the table (one row per metric)."""
     n = evaluation["n"]
     out: dict[str, float | None] = {
@@ -306,11 +325,24 @@ def _run_metrics(evaluation: Mapping[str, Any], stats: run_io.RunStats) -> dict[
         curve = reg["pass_at_k"] if reg["count"] else None
         out[f"{name} pass@1"] = None if curve is None else curve["1"]
         out[f"{name} pass@{n}"] = None if curve is None else curve[str(n)]
+    delta = evaluation.get("delta_pass_at_k")
+    out["Δpass@1 vs base"] = None if delta is None else delta["1"]
+    out[f"Δpass@{n} vs base"] = None if delta is None else delta[str(n)]
+    for name in passk.REGIMES:
+        reg = evaluation["regimes"][name]
+        d = reg.get("delta_pass_at_k") if reg["count"] else None
+        out[f"{name} Δpass@1 vs base"] = None if d is None else d["1"]
+        out[f"{name} Δpass@{n} vs base"] = None if d is None else d[str(n)]
     out["lost"] = evaluation.get("lost")
     out["lost_expected_by_chance"] = evaluation.get("lost_expected_by_chance")
     out["newly_solved"] = evaluation.get("newly_solved")
     out["newly_solved_expected_by_chance"] = evaluation.get("newly_solved_expected_by_chance")
+    # How far each policy moved, and how many updates it took: a method that loses less
+    # coverage while moving less, or with fewer optimizer steps, is not the same finding.
+    out["KL to base (last 10 steps)"] = None if workdir is None else _last_rows_mean(workdir, "kl")
+    out["rl_steps"] = stats.rl_steps
     out["generated_tokens"] = stats.generated_tokens
+    out["calibration_tokens"] = stats.calibration_tokens  # PBA / pairing passes before RL
     out["trained_tokens"] = stats.trained_tokens
     out["rl_time_s"] = stats.rl_time_s
     out["wall_time_s"] = stats.wall_time_s
@@ -325,8 +357,14 @@ def collect_table(
     baseline: str,
     num_samples: int,
     budget_fractions: Sequence[float] = (),
+    contrasts: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Any]:
-    """The comparison table from the evaluated runs (missing runs are listed, not fatal)."""
+    """The comparison table from the evaluated runs (missing runs are listed, not fatal).
+
+    ``paired_differences`` holds every arm − baseline; ``contrasts`` each requested A − B;
+    ``change_from_base`` the t-interval of each "… vs base" metric around 0 (the base of a
+    seed is shared by its arms, so that is a paired comparison with the base itself).
+    """
     per_run: dict[str, dict[int, dict]] = {}
     curves: dict[str, dict[int, list]] = {}
     missing = []
@@ -339,7 +377,7 @@ def collect_table(
             if evaluation is None:
                 missing.append(f"{arm.name}/seed{seed}")
                 continue
-            per_run[arm.name][seed] = _run_metrics(evaluation, run_io.read_run_stats(workdir))
+            per_run[arm.name][seed] = _run_metrics(evaluation, run_io.read_run_stats(workdir), workdir)
             curves[arm.name][seed] = [evaluation["pass_at_k"][str(k)] for k in ks]
             if evaluation.get("base"):
                 curves.setdefault("base", {})[(arm.name, seed)] = [evaluation["base"]["pass_at_k"][str(k)] for k in ks]
@@ -361,9 +399,24 @@ def collect_table(
             )._asdict()
             for metric in metrics
         }
+    def paired(a: str, b: str) -> dict:
+        return {metric: eval_lib.paired_difference(
+                    {s: row[metric] for s, row in per_run[a].items()},
+                    {s: row[metric] for s, row in per_run[b].items()})._asdict()
+                for metric in metrics}
+
+    contrast_table = {f"{a} − {b}": paired(a, b) for a, b in contrasts}
+    change = {
+        arm.name: {metric: eval_lib.paired_difference(
+                       {s: row[metric] for s, row in per_run[arm.name].items()},
+                       {s: 0.0 for s in per_run[arm.name]})._asdict()
+                   for metric in metrics if metric.endswith("vs base")}
+        for arm in arms
+    }
+    order = ["base"] + [arm.name for arm in arms]  # the base first: drawn widest, underneath
     mean_curves = {
-        name: [sum(c[i] for c in runs.values()) / len(runs) for i in range(len(ks))]
-        for name, runs in curves.items() if runs
+        name: [sum(c[i] for c in curves[name].values()) / len(curves[name]) for i in range(len(ks))]
+        for name in order if curves.get(name)
     }
     budget_curves = (_budget_curves(root, arms, seeds, num_samples, budget_fractions)
                      if budget_fractions else {})
@@ -378,6 +431,8 @@ def collect_table(
         "per_run": {name: {str(s): row for s, row in runs.items()} for name, runs in per_run.items()},
         "summary": summary,
         "paired_differences": differences,
+        "contrasts": contrast_table,
+        "change_from_base": change,
         "mean_pass_at_k": mean_curves,
         "budget_fractions": [float(f) for f in budget_fractions],
         "budget_curves": budget_curves,
@@ -440,7 +495,9 @@ def _pm(entry: Mapping[str, Any], digits: int) -> str:
 
 
 def _digits(metric: str) -> int:
-    return 0 if "tokens" in metric else 1 if metric.endswith("_s") else 3 if "pass@" in metric else 2
+    if "tokens" in metric or metric == "rl_steps":
+        return 0
+    return 1 if metric.endswith("_s") else 3 if "pass@" in metric else 4 if "KL" in metric else 2
 
 
 def table_markdown(table: Mapping[str, Any], token_budget: int | None = None) -> str:
@@ -457,11 +514,32 @@ def table_markdown(table: Mapping[str, Any], token_budget: int | None = None) ->
     for metric in table["metrics"]:
         cells = [_pm(table["summary"][a][metric], _digits(metric)) for a in arms]
         lines.append(f"| {metric} | " + " | ".join(cells) + " |")
+    change = table.get("change_from_base") or {}
+    change_metrics = [m for m in table["metrics"] if m.endswith("vs base")]
+    if change and change_metrics:
+        lines += ["", "## Change from the base (95 % t-interval over seeds; the base of a seed is shared by its arms)", "",
+                  "| metric | " + " | ".join(arms) + " |", "|---|" + "---:|" * len(arms)]
+        for metric in change_metrics:
+            cells = []
+            for a in arms:
+                d = change[a][metric]
+                cells.append("—" if d["mean"] is None else f"{d['mean']:+.3f}" + (
+                    "" if d["low"] is None else f" [{d['low']:+.3f}, {d['high']:+.3f}]"))
+            lines.append(f"| {metric} | " + " | ".join(cells) + " |")
     baseline = table["baseline"]
-    for name, diffs in table["paired_differences"].items():
-        lines += ["", f"## {name} − {baseline} (paired by seed, 95 % t-interval)", "",
+    by_name = {a["name"]: Arm(a["name"], a["config"], tuple(a["overrides"])) for a in table["arms"]}
+    sections = [(f"{name} − {baseline}", name, baseline, diffs)
+                for name, diffs in table["paired_differences"].items()]
+    sections += [(title, *title.split(" − "), diffs) for title, diffs in (table.get("contrasts") or {}).items()]
+    for title, first, second, diffs in sections:
+        # With a shared base, "… vs base" rows repeat the rows above them and the chance
+        # baselines are identical: leave them out.
+        same_base = shares_base(by_name[first], by_name[second])
+        lines += ["", f"## {title} (paired by seed, 95 % t-interval)", "",
                   "| metric | mean difference | 95 % interval | seeds | verdict |", "|---|---:|---:|---:|---|"]
         for metric in table["metrics"]:
+            if same_base and (metric.endswith("vs base") or metric.endswith("by_chance")):
+                continue
             d = diffs[metric]
             digits = _digits(metric)
             interval = "—" if d["low"] is None else f"[{d['low']:.{digits}f}, {d['high']:.{digits}f}]"
@@ -486,7 +564,7 @@ def table_markdown(table: Mapping[str, Any], token_budget: int | None = None) ->
         lines += ["", f"Missing (not evaluated): {', '.join(table['missing_runs'])}."]
     lines += ["", "![pass@k](compare_passk.png)", "", "![regimes](compare_regimes.png)", ""]
     if curves:
-        lines += ["![budget](compare_budget.png)", ""]
+        lines += ["![budget](compare_budget.png)", "", "![trade-off](compare_tradeoff.png)", ""]
     return "\n".join(lines)
 
 
@@ -522,6 +600,12 @@ def write_table(table: Mapping[str, Any], root: str, token_budget: int | None = 
                   for metric in ("pass@1", f"pass@{n}")}
         paths["budget"] = str(eval_lib.plot_budget_curves(
             panels, root_path / "compare_budget.png", title="along the token budget (± s.e. over seeds)"))
+        tradeoff = {name: (c["pass@1"]["mean"], c[f"pass@{n}"]["mean"], c["pass@1"]["stderr"],
+                           c[f"pass@{n}"]["stderr"]) for name, c in curves.items()}
+        paths["tradeoff"] = str(eval_lib.plot_tradeoff(
+            tradeoff, root_path / "compare_tradeoff.png", ylabel=f"pass@{n}",
+            title=f"pass@1 vs pass@{n}: base → {', '.join(f'{f:g}' for f in table['budget_fractions'])} "
+                  "→ full budget (large marker)"))
     text = json.dumps(table, indent=1, sort_keys=True, allow_nan=False)
     paths["json"] = str(_atomic_write(root_path / "compare.json", text + "\n"))
     paths["markdown"] = str(_atomic_write(root_path / "compare.md", table_markdown(table, token_budget)))
@@ -540,6 +624,7 @@ def main(argv):
         arms = with_common(arms, flags.FLAGS.common, flags.FLAGS.config)
         seeds = [int(s) for s in flags.FLAGS.seeds]
         fractions = sorted(float(f) for f in flags.FLAGS.budget_fractions)
+        contrasts = [parse_contrast(text) for text in flags.FLAGS.contrast]
         if fractions and not flags.FLAGS.token_budget:
             raise ValueError("--budget_fractions are fractions of --token_budget: give --token_budget.")
         if any(not 0.0 < f < 1.0 for f in fractions):
@@ -552,9 +637,10 @@ def main(argv):
         print(f"error: arm names must be unique, got {names}.", file=sys.stderr)
         return 2
     baseline = flags.FLAGS.baseline or names[0]
-    if baseline not in names:
-        print(f"error: --baseline={baseline} is not one of the arms {names}.", file=sys.stderr)
-        return 2
+    for name in [baseline] + [n for pair in contrasts for n in pair]:
+        if name not in names:
+            print(f"error: arm {name!r} (--baseline / --contrast) is not one of the arms {names}.", file=sys.stderr)
+            return 2
     if flags.FLAGS.dry_run:
         for arm in arms:
             for seed in seeds:
@@ -570,7 +656,7 @@ def main(argv):
         print(f"error: {err}", file=sys.stderr)
         return 1
     table = collect_table(flags.FLAGS.root, arms, seeds, baseline=baseline, num_samples=flags.FLAGS.num_samples,
-                          budget_fractions=fractions)
+                          budget_fractions=fractions, contrasts=contrasts)
     paths = write_table(table, flags.FLAGS.root, flags.FLAGS.token_budget)
     print(f"[compare] wrote {paths['markdown']}")
     return 0

@@ -69,6 +69,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     c.rl = ml_collections.ConfigDict()
     c.rl.steps = 300  # RL steps (one rollout batch each); 0 = evaluate the base only
     c.rl.token_budget = 0  # stop once this many tokens were generated (0 = no budget)
+    c.rl.budget_includes_calibration = False  # PBA / pairing calibration tokens count against the budget
     c.rl.budget_fractions = ()  # also keep checkpoints at these fractions of the budget, e.g. (0.25, 0.5)
     c.rl.prompts_per_step = 64  # P
     c.rl.samples_per_prompt = 8  # G

@@ -28,6 +28,7 @@ from jaxrl_vr.eval.plots import (
     plot_passk_curves,
     plot_prompt_scatter,
     plot_regimes,
+    plot_tradeoff,
     plot_training_curves,
     read_metrics_jsonl,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "plot_passk_curves",
     "plot_prompt_scatter",
     "plot_regimes",
+    "plot_tradeoff",
     "plot_training_curves",
     "poisson_binomial_pmf",
     "read_metrics_jsonl",

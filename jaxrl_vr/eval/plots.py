@@ -26,11 +26,28 @@ __all__ = [
     "plot_prompt_scatter",
     "plot_bars",
     "plot_budget_curves",
+    "plot_tradeoff",
 ]
 
 
 _LINESTYLES = ("-", "--", ":", "-.")
 _MARKERS = ("o", "s", "^", "D", "v", "x")
+
+
+def _colors(count: int) -> list:
+    """Distinct colours for ``count`` series (tab10, or tab20 beyond ten)."""
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if count <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(max(count, 1))]
+
+
+def _legend(ax, count: int) -> None:
+    """Inside the axes for a few series, outside on the right for many."""
+    if count > 6:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    else:
+        ax.legend(fontsize=8)
 
 
 def _save(fig: Figure, path: str | os.PathLike) -> pathlib.Path:
@@ -53,7 +70,8 @@ def plot_passk_curves(
 ) -> pathlib.Path:
     """Several pass@k curves (label -> [K]) on a log-x axis."""
     ks = np.asarray(ks, np.float64)
-    fig = Figure(figsize=(5.5, 4.0))
+    colors = _colors(len(curves))
+    fig = Figure(figsize=(5.5 + (1.6 if len(curves) > 6 else 0.0), 4.0))
     ax = fig.add_subplot(1, 1, 1)
     # Later curves are drawn thinner, dashed and with hollow markers on top of earlier
     # ones, so curves that coincide (an unchanged policy) stay visible as distinct lines.
@@ -71,6 +89,7 @@ def plot_passk_curves(
             markerfacecolor="none" if i else None,
             zorder=2 + i,
             label=label,
+            color=colors[i],
         )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("k")
@@ -78,7 +97,7 @@ def plot_passk_curves(
     ax.set_ylim(0.0, 1.02)
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    _legend(ax, len(curves))
     return _save(fig, path)
 
 
@@ -280,22 +299,25 @@ def plot_bars(
     """Grouped bars: values[series][group] (e.g. method → regime → pass@k) ± errors."""
     series = list(values)
     groups = list(dict.fromkeys(g for s in series for g in values[s]))
-    fig = Figure(figsize=(1.4 + 1.3 * len(groups) * max(1, len(series)) / 2, 3.8))
+    bars = len(groups) * max(1, len(series))
+    fig = Figure(figsize=(min(14.0, 2.0 + 0.65 * bars if bars <= 8 else 2.5 + 0.2 * bars)
+                          + (1.6 if len(series) > 6 else 0.0), 3.8))
     ax = fig.add_subplot(1, 1, 1)
     x = np.arange(len(groups))
     width = 0.8 / max(len(series), 1)
+    colors = _colors(len(series))
     for i, name in enumerate(series):
         heights = [values[name].get(g, np.nan) for g in groups]
         errs = None if errors is None else [errors.get(name, {}).get(g, np.nan) for g in groups]
         errs = None if errs is None else np.nan_to_num(np.asarray(errs, np.float64), nan=0.0)
         ax.bar(x + (i - (len(series) - 1) / 2) * width, np.nan_to_num(heights), width=width,
-               yerr=errs, capsize=3, label=name)
+               yerr=errs, capsize=2, label=name, color=colors[i])
     ax.set_xticks(x)
-    ax.set_xticklabels(groups, fontsize=7)
+    ax.set_xticklabels(groups, fontsize=8)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=7)
+    _legend(ax, len(series))
     return _save(fig, path)
 
 
@@ -307,19 +329,53 @@ def plot_budget_curves(
     title: str = "",
 ) -> pathlib.Path:
     """One panel per metric: label -> (x, mean, s.e.) lines with error bars (NaN s.e. = none)."""
-    fig = Figure(figsize=(4.6 * len(panels) + 0.6, 3.9))
+    count = max((len(lines) for lines in panels.values()), default=1)
+    colors = _colors(count)
+    fig = Figure(figsize=(4.6 * len(panels) + 0.6 + (1.6 if count > 6 else 0.0), 3.9))
     for p, (metric, lines) in enumerate(panels.items()):
         ax = fig.add_subplot(1, len(panels), p + 1)
         for i, (label, (x, mean, err)) in enumerate(lines.items()):
             err = np.nan_to_num(np.asarray(err, np.float64), nan=0.0)
             ax.errorbar(np.asarray(x, np.float64), np.asarray(mean, np.float64), yerr=err,
                         linestyle=_LINESTYLES[i % len(_LINESTYLES)], marker=_MARKERS[i % len(_MARKERS)],
-                        markersize=4, capsize=2, linewidth=1.4, label=label)
+                        markersize=4, capsize=2, linewidth=1.4, label=label, color=colors[i])
         ax.set_xlabel(xlabel)
         ax.set_ylabel(metric)
         ax.grid(True, alpha=0.3)
-        if p == 0:
-            ax.legend(fontsize=7)
+        if p == len(panels) - 1:
+            _legend(ax, count)
     if title:
         fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_tradeoff(
+    paths: Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float], Sequence[float]]],
+    path: str | os.PathLike,
+    *,
+    xlabel: str = "pass@1",
+    ylabel: str = "pass@n",
+    title: str = "",
+) -> pathlib.Path:
+    """label -> (x, y, x s.e., y s.e.) as connected points (e.g. base → mid-budget → final).
+
+    Shows a trade-off between two metrics along training: a method that gains more on one
+    axis only by moving less on the other lies on the same curve, not above it.
+    """
+    colors = _colors(len(paths))
+    fig = Figure(figsize=(5.8 + (1.6 if len(paths) > 6 else 0.0), 4.4))
+    ax = fig.add_subplot(1, 1, 1)
+    for i, (label, (x, y, xe, ye)) in enumerate(paths.items()):
+        x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+        xe = np.nan_to_num(np.asarray(xe, np.float64), nan=0.0)
+        ye = np.nan_to_num(np.asarray(ye, np.float64), nan=0.0)
+        ax.errorbar(x, y, xerr=xe, yerr=ye, color=colors[i], linestyle=_LINESTYLES[i % len(_LINESTYLES)],
+                    marker=_MARKERS[i % len(_MARKERS)], markersize=4, capsize=2, linewidth=1.2, label=label)
+        ax.plot(x[-1:], y[-1:], marker=_MARKERS[i % len(_MARKERS)], markersize=8, color=colors[i])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    if title:
+        ax.set_title(title, fontsize=10)
+    _legend(ax, len(paths))
     return _save(fig, path)

@@ -22,7 +22,8 @@ from jaxrl_vr.train.prompts import DataOrder, PairedSource, SkipSuspended
 class Budget:
     """Cumulative accounting: tokens and seconds per phase (checkpointed)."""
 
-    generated_tokens: float = 0.0
+    generated_tokens: float = 0.0  # RL rollouts: every sampled token (probes, dropped groups, padding)
+    calibration_tokens: float = 0.0  # training-prompt calibration passes before RL (PBA, pairing)
     generated_samples: float = 0.0
     trained_tokens: float = 0.0
     sample_s: float = 0.0

@@ -36,6 +36,10 @@ class RLConfig:
       steps: training steps (one rollout batch each); 0 evaluates the base only.
       token_budget: stop once this many tokens were generated (every sampled token:
         probes, filtered groups, padding); 0 = no budget, ``steps`` decides.
+      budget_includes_calibration: charge the tokens of the training-prompt calibration
+        passes (PBA's base calibration, pairing's rate calibration) against
+        ``token_budget`` too, so methods that need them get fewer RL tokens. Either way
+        they are recorded as ``budget.calibration_tokens``.
       budget_fractions: fractions of ``token_budget`` in (0, 1) at which the loop state is
         also saved, kept for good in ``budget_checkpoints/`` (evaluate them with
         ``experiments.evaluate --checkpoint=STEP``; ``budget_checkpoints.json`` maps each
@@ -85,6 +89,7 @@ class RLConfig:
 
     steps: int = 100
     token_budget: int = 0
+    budget_includes_calibration: bool = False
     budget_fractions: tuple = ()
     prompts_per_step: int = 16
     samples_per_prompt: int = 8

@@ -84,7 +84,8 @@ class RLTrainer:
                  loss: step_lib.LossConfig, optim: OptimConfig, workdir: str,
                  reference_params=None, chat: bool = False, system_prompt: str | None = None,
                  tracker=None, progress: bool = True,
-                 tensorboard: bool = True, scorer: Callable | None = None, mesh=None):
+                 tensorboard: bool = True, scorer: Callable | None = None, mesh=None,
+                 calibration_tokens: float = 0.0):
         if len(items) < rl.prompts_per_step:
             raise ValueError(f"rl.prompts_per_step={rl.prompts_per_step} exceeds the {len(items)} "
                              "training items.")
@@ -136,7 +137,8 @@ class RLTrainer:
                                              overlong_cache_len=rl.overlong_cache_len,
                                              overlong_coef=rl.overlong_coef, hack_coef=rl.hack_coef),
             min_prompts=rl.prompts_per_step, observe=self._observed.append)
-        self.budget = Budget()
+        self.calibration_tokens = float(calibration_tokens)
+        self.budget = Budget(calibration_tokens=self.calibration_tokens)
         self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"),
                                          max_to_keep=rl.max_to_keep)
         self.budget_checkpointer = (Checkpointer(os.path.join(self.workdir, BUDGET_CHECKPOINTS),
@@ -192,13 +194,13 @@ class RLTrainer:
         marks = self._budget_marks()
         taken = {m["fraction"] for m in marks}
         new = [f for f in self.rl.budget_fractions if f not in taken
-               and self.budget.generated_tokens >= f * self.rl.token_budget]
+               and self.spent_tokens() >= f * self.rl.token_budget]
         if not new:
             return []
         if rl_step not in self.budget_checkpointer.all_steps():
             self.budget_checkpointer.save(rl_step, self.state._asdict(), self._host_state(rl_step))
         marks += [{"fraction": f, "step": rl_step, "token_budget": int(self.rl.token_budget),
-                   "generated_tokens": float(self.budget.generated_tokens)} for f in new]
+                   "generated_tokens": float(self.spent_tokens())} for f in new]
         write_json(os.path.join(self.workdir, BUDGET_CHECKPOINTS + ".json"),
                    {"token_budget": self.rl.token_budget,
                     "marks": sorted(marks, key=lambda m: m["fraction"])})
@@ -217,6 +219,7 @@ class RLTrainer:
         self.state = LoopState(**state)
         self.source.load_state_dict(host["source"])
         self.budget = Budget(**host["budget"])
+        self.budget.calibration_tokens = self.calibration_tokens
         if self.tracker is not None and "tracker" in host:
             self.tracker.load_state_dict(host["tracker"])
         if self.recheck is not None and "recheck" in host:
@@ -328,8 +331,13 @@ class RLTrainer:
         b.verifier_errors += info.get("verifier_errors", 0.0)
         b.verifier_timeouts += info.get("verifier_timeouts", 0.0)
 
+    def spent_tokens(self) -> float:
+        """Tokens charged to ``rl.token_budget``: RL rollouts (+ calibration if so configured)."""
+        extra = self.budget.calibration_tokens if self.rl.budget_includes_calibration else 0.0
+        return self.budget.generated_tokens + extra
+
     def budget_spent(self) -> bool:
-        return bool(self.rl.token_budget) and self.budget.generated_tokens >= self.rl.token_budget
+        return bool(self.rl.token_budget) and self.spent_tokens() >= self.rl.token_budget
 
     # ---- driver ----------------------------------------------------------------------------
 

@@ -65,43 +65,50 @@ def _finished_summary(workdir: str, cfg: PipelineConfig) -> dict | None:
     with open(path) as f:
         summary = json.load(f)
     done = summary.get("rl_steps", -1)
-    budget_done = cfg.rl.token_budget and summary.get("generated_tokens", 0) >= cfg.rl.token_budget
+    charged = summary.get("generated_tokens", 0) + (
+        summary.get("budget", {}).get("calibration_tokens", 0.0) if cfg.rl.budget_includes_calibration else 0.0)
+    budget_done = cfg.rl.token_budget and charged >= cfg.rl.token_budget
     return summary if summary.get("finished") and (done >= cfg.rl.steps or budget_done) else None
 
 
 def _calibrate(policy, items, cfg, workdir, name: str, num_samples: int, seed_offset: int,
-               base_key: str) -> np.ndarray:
-    """Base success counts of ``items`` (``num_samples`` each), cached in ``<workdir>/<name>``."""
+               base_key: str) -> tuple[np.ndarray, float]:
+    """Base success counts of ``items`` (``num_samples`` each), cached in ``<workdir>/<name>``,
+    and the tokens that sampling generated."""
     result = cached_counts(
         os.path.join(workdir, name),
         digest({"base": base_key, "n": num_samples, "items": [it.uid for it in items],
                 "T": cfg.eval.max_new_tokens or cfg.rl.max_new_tokens}),
         lambda: evaluate_counts(policy.model, policy.tokenizer, items, cfg, seed_offset,
                                 num_samples=num_samples))
-    return np.asarray(result["counts"], np.int64)
+    return np.asarray(result["counts"], np.int64), float(result.get("generated_tokens", 0.0))
 
 
 def _make_tracker(cfg: PipelineConfig, data: TaskData, policy, workdir: str, base_key: str, log):
-    """PromptTracker over the training prompts, with the calibrations PBA / pairing need."""
+    """PromptTracker over the training prompts, with the calibrations PBA / pairing need, and
+    the tokens those calibrations generated."""
     from jaxrl_vr.selection.tracker import PromptTracker
 
     rl = cfg.rl
     tracker = PromptTracker(len(data.train), uids=[it.uid for it in data.train],
                             success_threshold=rl.success_threshold)
+    tokens = 0.0
     if rl.anchor != "none":  # PBA: p_base of training prompts from their own samples
         n = rl.anchor_calibration_samples
         log(f"[pba] base calibration of {len(data.train)} training prompts × {n} samples")
-        counts = _calibrate(policy, data.train, cfg, workdir, "base_train_calibration.json", n, 3,
-                            base_key)
+        counts, used = _calibrate(policy, data.train, cfg, workdir, "base_train_calibration.json", n,
+                                  3, base_key)
+        tokens += used
         tracker.set_base_counts(np.full(len(data.train), n), counts)
         tracker.freeze_base()
     if rl.pairing:  # pairing: success rates over the whole pool before training
         n = rl.pairing_calibration_samples
         log(f"[pairing] rate calibration of {len(data.train)} training prompts × {n} samples")
-        counts = _calibrate(policy, data.train, cfg, workdir, "pairing_calibration.json", n, 5,
-                            base_key)
+        counts, used = _calibrate(policy, data.train, cfg, workdir, "pairing_calibration.json", n, 5,
+                                  base_key)
+        tokens += used
         tracker.set_calibration_counts(np.full(len(data.train), n), counts)
-    return tracker
+    return tracker, tokens
 
 
 def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None] = print,
@@ -129,7 +136,7 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
     _need_prompts(cfg, data)
     for name in sorted({it.verifier for it in data.train + data.heldout}):
         check_verifier(name)  # every verifier the items name, before any model is loaded
-    workdir = prepare_workdir(workdir, cfg.to_dict())
+    workdir = prepare_workdir(workdir, cfg.to_dict(), defaults=PipelineConfig().to_dict())
     finished = _finished_summary(workdir, cfg)
     if finished is not None and not reevaluate:
         log(f"[run] {workdir} holds a finished run; its summary is "
@@ -164,12 +171,13 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
     trainer, rows, t_rl = None, [], 0.0
     final_model = policy.model
     if cfg.rl.steps > 0:
-        tracker = _make_tracker(cfg, data, policy, workdir, base_key, log)
+        tracker, calibration_tokens = _make_tracker(cfg, data, policy, workdir, base_key, log)
         rl_cfg = dataclasses.replace(cfg.rl, seed=cfg.seed * 1_000_003 + cfg.rl.seed)
         trainer = RLTrainer(policy.model, policy.tokenizer, data.train, rl=rl_cfg, loss=cfg.loss,
                             optim=cfg.optim, workdir=workdir, chat=cfg.model.chat,
                             system_prompt=cfg.model.system_prompt, tracker=tracker,
-                            progress=cfg.run.progress, tensorboard=cfg.run.tensorboard)
+                            progress=cfg.run.progress, tensorboard=cfg.run.tensorboard,
+                            calibration_tokens=calibration_tokens)
         t0 = time.perf_counter()
         try:
             rows = trainer.run(stop_after=stop_after)
@@ -223,6 +231,7 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
                         "final_eval": t_final_eval, "total": total},
         "wall_time_total_s": total,
         "generated_tokens": budget.get("generated_tokens", 0.0),
+        "calibration_tokens": budget.get("calibration_tokens", 0.0),
         "trained_tokens": budget.get("trained_tokens", 0.0),
         "seed": cfg.seed,
         "base_info": policy.info,

@@ -84,6 +84,8 @@ class RunStats(NamedTuple):
       rl_time_s: RL wall time (cumulative over resumes).
       wall_time_s: wall time of the process that finished the run (SFT, base evaluation,
         RL and final evaluation; NaN while running).
+      calibration_tokens: tokens of the training-prompt calibration passes before RL
+        (PBA's base calibration, pairing's rate calibration; outside ``generated_tokens``).
     """
 
     complete: bool
@@ -92,6 +94,7 @@ class RunStats(NamedTuple):
     trained_tokens: float
     rl_time_s: float
     wall_time_s: float
+    calibration_tokens: float = 0.0
 
 
 def _workdir(workdir: str | os.PathLike) -> str:
@@ -228,6 +231,21 @@ def _number(value: Any) -> float:
     return float("nan")
 
 
+CALIBRATION_FILES = ("base_train_calibration.json", "pairing_calibration.json")
+
+
+def _calibration_files_tokens(workdir: str) -> float:
+    """Tokens recorded by the training-prompt calibration caches (runs older than the
+    ``budget.calibration_tokens`` field)."""
+    total = 0.0
+    for name in CALIBRATION_FILES:
+        path = os.path.join(workdir, name)
+        if os.path.isfile(path):
+            with open(path) as f:
+                total += _number(json.load(f).get("generated_tokens", 0.0))
+    return total
+
+
 def read_run_stats(workdir: str | os.PathLike) -> RunStats:
     """Token and time cost of a run, from summary.json (complete) or metrics.jsonl (running)."""
     workdir = _workdir(workdir)
@@ -243,6 +261,8 @@ def read_run_stats(workdir: str | os.PathLike) -> RunStats:
             trained_tokens=_number(budget.get("trained_tokens")),
             rl_time_s=_number(budget.get("total_s")),
             wall_time_s=_number(summary.get("wall_time_s", {}).get("total")),
+            calibration_tokens=(_number(budget["calibration_tokens"]) if "calibration_tokens" in budget
+                                else _calibration_files_tokens(workdir)),
         )
     from jaxrl_vr.eval.plots import read_metrics_jsonl
 
@@ -256,4 +276,5 @@ def read_run_stats(workdir: str | os.PathLike) -> RunStats:
         trained_tokens=_number(last.get("budget/trained_tokens", 0.0)),
         rl_time_s=_number(last.get("budget/total_s", 0.0)),
         wall_time_s=float("nan"),
+        calibration_tokens=_number(last.get("budget/calibration_tokens", 0.0)),
     )

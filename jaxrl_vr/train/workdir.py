@@ -61,8 +61,12 @@ def check_workdir(workdir: str) -> str:
     return workdir
 
 
-def prepare_workdir(workdir: str, config_tree: dict) -> str:
+def prepare_workdir(workdir: str, config_tree: dict, defaults: dict | None = None) -> str:
     """Creates the workdir or checks it belongs to this config; writes config.json.
+
+    A key the stored config lacks (written before the key existed) matches when the new
+    value equals its default in ``defaults`` (the config tree of the defaults), so a
+    workdir from an older version resumes unless the new key is actually changed.
 
     Raises:
       WorkdirError: ``workdir`` is (under) a file, or holds a run whose config differs in a
@@ -74,8 +78,10 @@ def prepare_workdir(workdir: str, config_tree: dict) -> str:
         with open(path) as f:
             stored = json.load(f)
         a, b = flatten(stored), flatten(config_tree)
+        default = flatten(defaults or {})
         diffs = [k for k in sorted(set(a) | set(b))
-                 if a.get(k) != b.get(k) and not any(k.startswith(p) for p in RESUMABLE_KEYS)]
+                 if a.get(k) != b.get(k) and not any(k.startswith(p) for p in RESUMABLE_KEYS)
+                 and not (k not in a and k in default and b.get(k) == default[k])]
         if diffs:
             lines = "; ".join(f"{k}: workdir has {a.get(k)!r}, config has {b.get(k)!r}" for k in diffs)
             raise WorkdirError(f"--workdir {workdir} holds a run with a different config ({lines}). "

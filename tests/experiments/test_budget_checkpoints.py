@@ -55,3 +55,46 @@ def test_budget_fraction_checkpoints_are_first_crossings_and_loadable(tmp_path):
     diffs = jax.tree.map(lambda a, b: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))),
                          nnx.state(early.model, nnx.Param), nnx.state(final.model, nnx.Param))
     assert max(jax.tree.leaves(diffs)) > 0.0
+
+
+def test_workdir_of_an_older_version_resumes_unless_a_new_key_changes(tmp_path):
+    """A key missing from the stored config.json (added later) matches its default."""
+    from jaxrl_vr.train.workdir import WorkdirError, prepare_workdir
+
+    defaults = PipelineConfig().to_dict()
+    old = PipelineConfig.from_dict(_tree()).to_dict()
+    del old["rl"]["budget_includes_calibration"]  # as written before the key existed
+    prepare_workdir(str(tmp_path), old)
+    prepare_workdir(str(tmp_path), PipelineConfig.from_dict(_tree()).to_dict(), defaults=defaults)
+    with open(tmp_path / "config.json", "w") as f:
+        json.dump(old, f)
+    with pytest.raises(WorkdirError, match="rl.budget_includes_calibration"):
+        prepare_workdir(str(tmp_path), PipelineConfig.from_dict(
+            _tree(budget_includes_calibration=True)).to_dict(), defaults=defaults)
+
+
+@pytest.mark.slow
+def test_calibration_tokens_are_recorded_and_charged_when_asked(tmp_path):
+    """PBA's base calibration of the training prompts happens before RL: its tokens are in
+    budget.calibration_tokens, and with rl.budget_includes_calibration they count against
+    rl.token_budget (fewer RL tokens)."""
+    pba = dict(anchor="above", anchor_weight=0.1, anchor_calibration_samples=2)
+    free = run_pipeline(PipelineConfig.from_dict(_tree(token_budget=300, **pba)),
+                        str(tmp_path / "free"), log=lambda line: None)
+    calibration = free["calibration_tokens"]
+    assert calibration > 0 and free["budget"]["calibration_tokens"] == calibration
+    assert free["generated_tokens"] >= 300
+    budget = int(calibration) + 300
+    charged = run_pipeline(PipelineConfig.from_dict(_tree(token_budget=budget, budget_includes_calibration=True,
+                                                          **pba)),
+                           str(tmp_path / "charged"), log=lambda line: None)
+    assert charged["calibration_tokens"] == calibration
+    assert charged["generated_tokens"] + calibration >= budget
+    assert charged["generated_tokens"] < budget - calibration + 100  # stopped within a step
+    stats = run_io.read_run_stats(str(tmp_path / "charged"))
+    assert stats.calibration_tokens == calibration
+    # Finished means finished: a rerun does not train again.
+    again = run_pipeline(PipelineConfig.from_dict(_tree(token_budget=budget, budget_includes_calibration=True,
+                                                        **pba)),
+                         str(tmp_path / "charged"), log=lambda line: None)
+    assert again["rl_steps"] == charged["rl_steps"]

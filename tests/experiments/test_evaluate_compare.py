@@ -129,11 +129,31 @@ def test_compare_table_paired_differences_and_resume(smoke_run, tmp_path):
             changed["pass_at_k"]["1"] = ev["pass_at_k"]["1"] + shift + 0.01 * seed
             with open(os.path.join(workdir, "eval", "final", "evaluation.json"), "w") as f:
                 json.dump(changed, f)
+            # A kept half-budget checkpoint (step 1) with its own evaluation.
+            os.makedirs(os.path.join(workdir, "eval", "1"))
+            half = json.loads(json.dumps(changed))
+            half["pass_at_k"]["1"] = changed["pass_at_k"]["1"] - 0.05
+            with open(os.path.join(workdir, "eval", "1", "evaluation.json"), "w") as f:
+                json.dump(half, f)
+            with open(os.path.join(workdir, "budget_checkpoints.json"), "w") as f:
+                json.dump({"token_budget": 1000, "marks": [
+                    {"fraction": 0.5, "step": 1, "token_budget": 1000, "generated_tokens": 520.0}]}, f)
     launched = []
     compare.run_grid(str(root), arms, [0, 1], token_budget=1000, num_samples=4,
                      runner=lambda cmd, log: launched.append(cmd), log=lambda s: None)
     assert launched == []  # complete and evaluated: resumable grid skips them
-    table = compare.collect_table(str(root), arms, [0, 1], baseline="a", num_samples=4)
+    table = compare.collect_table(str(root), arms, [0, 1], baseline="a", num_samples=4,
+                                  contrasts=[compare.parse_contrast("a,b")], budget_fractions=(0.5,))
+    curve = table["budget_curves"]["a"]
+    assert curve["fractions"] == [0.0, 0.5, 1.0] and curve["pass@1"]["count"] == [2, 2, 2]
+    assert curve["pass@1"]["mean"][0] == pytest.approx(ev["base"]["pass_at_k"]["1"])
+    assert curve["pass@1"]["mean"][1] == pytest.approx(ev["pass_at_k"]["1"] + 0.005 - 0.05)
+    assert curve["generated_fraction"]["mean"][1] == pytest.approx(0.52)
+    assert table["contrasts"]["a − b"]["pass@1"]["mean"] == pytest.approx(-0.1)
+    change = table["change_from_base"]["a"]["Δpass@1 vs base"]  # Δ rows: interval around 0
+    assert change["mean"] == pytest.approx(ev["delta_pass_at_k"]["1"]) and change["count"] == 2
+    with pytest.raises(ValueError, match="two different arm names"):
+        compare.parse_contrast("a")
     diff = table["paired_differences"]["b"]["pass@1"]
     assert diff["mean"] == pytest.approx(0.1) and diff["count"] == 2 and diff["verdict"] == "higher"
     same = table["paired_differences"]["b"]["pass@4"]
@@ -143,6 +163,9 @@ def test_compare_table_paired_differences_and_resume(smoke_run, tmp_path):
     paths = compare.write_table(table, str(root), 1000)
     text = open(paths["markdown"]).read()
     assert "no difference detected" in text and "± " in text
+    assert "## a − b (paired" in text and "Change from the base" in text
+    assert "| a | 0.5 (0.520) |" in text
+    assert os.path.isfile(paths["budget"]) and os.path.isfile(paths["tradeoff"])
     assert os.path.isfile(paths["passk"]) and os.path.isfile(paths["regimes"])
     # The commands a missing run would get: one process per run, seed and budget passed.
     cmd = compare.train_command(arms[1], 3, "/w", 5000)
