@@ -151,14 +151,16 @@ def _run_complete(workdir: str) -> bool:
         return False
 
 
-def _fraction_steps(workdir: str, fractions: Sequence[float]) -> dict[float, int]:
-    """{fraction: RL step} of the run's kept budget checkpoints among ``fractions``."""
+def _fraction_marks(workdir: str, fractions: Sequence[float]) -> dict[float, dict]:
+    """{f: mark} for each requested fraction f at which the run kept a budget checkpoint
+    (a mark is {"fraction", "step", "token_budget", "generated_tokens"})."""
     try:
         marks = run_io.budget_marks(workdir)
     except FileNotFoundError:
         return {}
-    wanted = {round(float(f), 9) for f in fractions}
-    return {m["fraction"]: int(m["step"]) for m in marks if round(m["fraction"], 9) in wanted}
+    by_fraction = {round(m["fraction"], 9): m for m in marks}
+    return {float(f): by_fraction[round(float(f), 9)] for f in fractions
+            if round(float(f), 9) in by_fraction}
 
 
 def _subprocess(cmd: list[str], log_path: str) -> None:
@@ -261,7 +263,8 @@ def run_grid(
         if _load_evaluation(workdir, num_samples) is None:
             log(f"[compare] evaluate {job.arm.name} seed {job.seed} (n = {num_samples})")
             runner(evaluate_command(workdir, num_samples), logs + "-evaluate.log")
-        for fraction, step in sorted(_fraction_steps(workdir, budget_fractions).items()):
+        for fraction, mark in sorted(_fraction_marks(workdir, budget_fractions).items()):
+            step = int(mark["step"])
             if _load_evaluation(workdir, num_samples, str(step)) is None:
                 log(f"[compare] evaluate {job.arm.name} seed {job.seed} at {fraction:g} of the budget (step {step})")
                 runner(evaluate_command(workdir, num_samples, str(step)), logs + f"-evaluate-{step}.log")
@@ -388,23 +391,13 @@ def collect_table(
         for metric in metrics:
             s = eval_lib.seed_summary([row[metric] for row in per_run[arm.name].values()])
             summary[arm.name][metric] = s._asdict()
-    differences = {}
-    for arm in arms:
-        if arm.name == baseline:
-            continue
-        differences[arm.name] = {
-            metric: eval_lib.paired_difference(
-                {s: row[metric] for s, row in per_run[arm.name].items()},
-                {s: row[metric] for s, row in per_run[baseline].items()},
-            )._asdict()
-            for metric in metrics
-        }
     def paired(a: str, b: str) -> dict:
         return {metric: eval_lib.paired_difference(
                     {s: row[metric] for s, row in per_run[a].items()},
                     {s: row[metric] for s, row in per_run[b].items()})._asdict()
                 for metric in metrics}
 
+    differences = {arm.name: paired(arm.name, baseline) for arm in arms if arm.name != baseline}
     contrast_table = {f"{a} − {b}": paired(a, b) for a, b in contrasts}
     change = {
         arm.name: {metric: eval_lib.paired_difference(
@@ -459,17 +452,16 @@ def _budget_curves(root: str, arms: Sequence[Arm], seeds: Sequence[int], num_sam
             final = _load_evaluation(workdir, n)
             if final is None:
                 continue
-            steps = _fraction_steps(workdir, fractions)
-            marks = {m["step"]: m["generated_tokens"] / m["token_budget"] for m in run_io.budget_marks(workdir)}
+            marks = _fraction_marks(workdir, fractions)
             for i, f in enumerate(points):
                 if f == 0.0:
                     ev = final.get("base")
                     used = 0.0
                 elif f == 1.0:
                     ev, used = final, None
-                elif f in steps:
-                    ev = _load_evaluation(workdir, n, str(steps[f]))
-                    used = marks[steps[f]]
+                elif f in marks:
+                    ev = _load_evaluation(workdir, n, str(marks[f]["step"]))
+                    used = marks[f]["generated_tokens"] / marks[f]["token_budget"]
                 else:
                     ev = None
                 if not ev:

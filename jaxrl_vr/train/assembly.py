@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import signal
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 
@@ -33,6 +33,13 @@ class Budget:
     total_s: float = 0.0
     verifier_errors: float = 0.0
     verifier_timeouts: float = 0.0
+
+
+def charged_tokens(budget: Mapping[str, float], include_calibration: bool) -> float:
+    """Tokens counted against ``rl.token_budget``: RL rollouts, plus the calibration passes
+    when ``rl.budget_includes_calibration``. ``budget`` is a Budget as a dict."""
+    extra = budget.get("calibration_tokens", 0.0) if include_calibration else 0.0
+    return budget.get("generated_tokens", 0.0) + extra
 
 
 class LoopState(NamedTuple):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import time
 from typing import Any, Callable, Sequence
@@ -32,6 +31,7 @@ from flax import nnx
 from jaxrl_vr.train import rounds as rounds_lib
 from jaxrl_vr.train import step as step_lib
 from jaxrl_vr.train.assembly import (Budget, LoopState, _build_fns, _compiled_fns, catch_signals,
+                                     charged_tokens,
                                      initial_loop_state, make_batch_strategy, make_prompt_source,
                                      make_rl_estimator, restore_signals)
 from jaxrl_vr.train.batch import build_batch
@@ -41,15 +41,12 @@ from jaxrl_vr.train.metrics import MetricsWriter, ProgressBar, rollout_metrics
 from jaxrl_vr.train.optim import OptimConfig, make_optimizer
 from jaxrl_vr.train.prompts import PairedSource
 from jaxrl_vr.train.update import NonFiniteLossError, update_on_batch
-from jaxrl_vr.train.workdir import write_json
+from jaxrl_vr.train.workdir import BUDGET_CHECKPOINTS, BUDGET_MARKS, read_budget_marks, write_json
 from jaxrl_vr.train.rollout import encode_prompts, make_reward_shaper, make_round_scorer, make_scorer
 from jaxrl_vr.verifiers.pool import ErrorLog, ErrorStop
 
 __all__ = ["Budget", "LoopState", "NonFiniteLossError", "RLTrainer", "RunInterrupted",
            "VerifierFailure", "initial_loop_state", "make_batch_strategy"]
-
-
-BUDGET_CHECKPOINTS = "budget_checkpoints"  # workdir entry of the kept budget-fraction states
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -137,13 +134,13 @@ class RLTrainer:
                                              overlong_cache_len=rl.overlong_cache_len,
                                              overlong_coef=rl.overlong_coef, hack_coef=rl.hack_coef),
             min_prompts=rl.prompts_per_step, observe=self._observed.append)
-        self.calibration_tokens = float(calibration_tokens)
-        self.budget = Budget(calibration_tokens=self.calibration_tokens)
+        self.budget = Budget(calibration_tokens=float(calibration_tokens))
         self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"),
                                          max_to_keep=rl.max_to_keep)
         self.budget_checkpointer = (Checkpointer(os.path.join(self.workdir, BUDGET_CHECKPOINTS),
                                                  max_to_keep=None)
                                     if rl.budget_fractions else None)
+        self.budget_marks = read_budget_marks(self.workdir)
         errors_path = os.path.join(self.workdir, "verifier_errors.jsonl")
         self.error_stop = ErrorStop(rl.verifier_error_fraction, rl.verifier_error_patience,
                                     path=errors_path)
@@ -174,36 +171,29 @@ class RLTrainer:
     def save(self, rl_step: int) -> None:
         self.checkpointer.save(rl_step, self.state._asdict(), self._host_state(rl_step))
 
-    def _budget_marks(self) -> list[dict]:
-        path = os.path.join(self.workdir, BUDGET_CHECKPOINTS + ".json")
-        if not os.path.isfile(path):
-            return []
-        with open(path) as f:
-            return json.load(f)["marks"]
-
     def save_budget_fractions(self, rl_step: int) -> list[float]:
         """Keeps the state for every ``rl.budget_fractions`` entry the budget has just crossed.
 
         The first step whose cumulative generated tokens reach f · token_budget is saved
         in ``budget_checkpoints/`` (never rotated) and recorded in
-        ``budget_checkpoints.json`` as {"fraction", "step", "token_budget", "generated_tokens"}. Returns the
-        fractions saved now.
+        ``budget_checkpoints.json`` as {"fraction", "step", "token_budget", "generated_tokens"}.
+        Returns the fractions saved now.
         """
         if self.budget_checkpointer is None:
             return []
-        marks = self._budget_marks()
-        taken = {m["fraction"] for m in marks}
-        new = [f for f in self.rl.budget_fractions if f not in taken
-               and self.spent_tokens() >= f * self.rl.token_budget]
+        taken = {m["fraction"] for m in self.budget_marks}
+        spent = self.spent_tokens()
+        new = [f for f in self.rl.budget_fractions
+               if f not in taken and spent >= f * self.rl.token_budget]
         if not new:
             return []
         if rl_step not in self.budget_checkpointer.all_steps():
             self.budget_checkpointer.save(rl_step, self.state._asdict(), self._host_state(rl_step))
-        marks += [{"fraction": f, "step": rl_step, "token_budget": int(self.rl.token_budget),
-                   "generated_tokens": float(self.spent_tokens())} for f in new]
-        write_json(os.path.join(self.workdir, BUDGET_CHECKPOINTS + ".json"),
-                   {"token_budget": self.rl.token_budget,
-                    "marks": sorted(marks, key=lambda m: m["fraction"])})
+        self.budget_marks = sorted(
+            self.budget_marks + [{"fraction": f, "step": rl_step, "token_budget": int(self.rl.token_budget),
+                                  "generated_tokens": float(spent)} for f in new],
+            key=lambda m: m["fraction"])
+        write_json(os.path.join(self.workdir, BUDGET_MARKS), {"marks": self.budget_marks})
         return new
 
     def restore(self) -> int:
@@ -218,8 +208,8 @@ class RLTrainer:
         state, host, step = restored
         self.state = LoopState(**state)
         self.source.load_state_dict(host["source"])
-        self.budget = Budget(**host["budget"])
-        self.budget.calibration_tokens = self.calibration_tokens
+        # Calibration is measured before RL, each run: keep this run's value.
+        self.budget = Budget(**{**host["budget"], "calibration_tokens": self.budget.calibration_tokens})
         if self.tracker is not None and "tracker" in host:
             self.tracker.load_state_dict(host["tracker"])
         if self.recheck is not None and "recheck" in host:
@@ -333,8 +323,7 @@ class RLTrainer:
 
     def spent_tokens(self) -> float:
         """Tokens charged to ``rl.token_budget``: RL rollouts (+ calibration if so configured)."""
-        extra = self.budget.calibration_tokens if self.rl.budget_includes_calibration else 0.0
-        return self.budget.generated_tokens + extra
+        return charged_tokens(dataclasses.asdict(self.budget), self.rl.budget_includes_calibration)
 
     def budget_spent(self) -> bool:
         return bool(self.rl.token_budget) and self.spent_tokens() >= self.rl.token_budget

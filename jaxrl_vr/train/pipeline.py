@@ -25,6 +25,7 @@ from typing import Callable
 import jax
 import numpy as np
 
+from jaxrl_vr.train.assembly import charged_tokens
 from jaxrl_vr.train.config import (EvalConfig, ModelConfig, PipelineConfig, RLConfig, RunConfig,
                                    TaskConfig, validate)
 from jaxrl_vr.train.evaluate import count_successes
@@ -65,8 +66,7 @@ def _finished_summary(workdir: str, cfg: PipelineConfig) -> dict | None:
     with open(path) as f:
         summary = json.load(f)
     done = summary.get("rl_steps", -1)
-    charged = summary.get("generated_tokens", 0) + (
-        summary.get("budget", {}).get("calibration_tokens", 0.0) if cfg.rl.budget_includes_calibration else 0.0)
+    charged = charged_tokens(summary.get("budget", {}), cfg.rl.budget_includes_calibration)
     budget_done = cfg.rl.token_budget and charged >= cfg.rl.token_budget
     return summary if summary.get("finished") and (done >= cfg.rl.steps or budget_done) else None
 

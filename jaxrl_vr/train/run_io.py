@@ -10,7 +10,7 @@ Layout read here (written by ``jaxrl_vr.train.pipeline.run_pipeline``):
   base_calibration.json    {"counts": [P], "n": n_cal, ...} independent base samples
   checkpoints/             Checkpointer: the loop state {"train": TrainState, "key", "estimator"} + host
   budget_checkpoints/      the same, kept at rl.budget_fractions of rl.token_budget (never rotated)
-  budget_checkpoints.json  {"token_budget", "marks": [{"fraction", "step", "token_budget", "generated_tokens"}]}
+  budget_checkpoints.json  {"marks": [{"fraction", "step", "token_budget", "generated_tokens"}]}
   summary.json             written when the run (RL + final evaluation) is complete
   metrics.jsonl            per-step metrics (budget/* fields, cumulative)
 """
@@ -23,6 +23,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from flax import nnx
+
+from jaxrl_vr.train.workdir import BUDGET_CHECKPOINTS, read_budget_marks
 
 __all__ = [
     "CheckpointNotFoundError",
@@ -119,16 +121,12 @@ def checkpoint_steps(workdir: str | os.PathLike) -> list[int]:
     """RL steps with a saved checkpoint (rotating or budget-fraction), ascending."""
     workdir = _workdir(workdir)
     return sorted(set(_complete_steps(os.path.join(workdir, "checkpoints")))
-                  | set(_complete_steps(os.path.join(workdir, "budget_checkpoints"))))
+                  | set(_complete_steps(os.path.join(workdir, BUDGET_CHECKPOINTS))))
 
 
 def budget_marks(workdir: str | os.PathLike) -> list[dict]:
     """[{"fraction", "step", "token_budget", "generated_tokens"}] of the kept budget checkpoints."""
-    path = os.path.join(_workdir(workdir), "budget_checkpoints.json")
-    if not os.path.isfile(path):
-        return []
-    with open(path) as f:
-        return list(json.load(f)["marks"])
+    return read_budget_marks(_workdir(workdir))
 
 
 def _parse_checkpoint(checkpoint: str | int) -> str | int:
@@ -164,7 +162,7 @@ def load_run(workdir: str | os.PathLike, checkpoint: str | int = "final") -> Loa
         cfg = PipelineConfig.from_dict(json.load(f))
     ckpt_dir = os.path.join(workdir, "checkpoints")
     steps = _complete_steps(ckpt_dir)
-    budget_dir = os.path.join(workdir, "budget_checkpoints")
+    budget_dir = os.path.join(workdir, BUDGET_CHECKPOINTS)
     budget_steps = _complete_steps(budget_dir)
     base_dir = os.path.join(workdir, "base")
     if which == "base":

@@ -29,6 +29,12 @@ RESUMABLE_KEYS = (
 )
 
 
+# Kept budget-fraction states (a Checkpointer directory) and their marks
+# {"marks": [{"fraction", "step", "token_budget", "generated_tokens"}]}.
+BUDGET_CHECKPOINTS = "budget_checkpoints"
+BUDGET_MARKS = BUDGET_CHECKPOINTS + ".json"
+
+
 class WorkdirError(RuntimeError):
     """The workdir cannot be used for this config (wrong directory or config mismatch)."""
 
@@ -100,6 +106,15 @@ def write_json(path: str, tree: Any) -> None:
     with open(path + ".tmp", "w") as f:
         json.dump(tree, f, indent=2, sort_keys=True)
     os.replace(path + ".tmp", path)
+
+
+def read_budget_marks(workdir: str) -> list[dict]:
+    """The budget-fraction marks of a workdir ([] when it has none)."""
+    path = os.path.join(workdir, BUDGET_MARKS)
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return list(json.load(f)["marks"])
 
 
 def cached_counts(path: str, key: str, compute: Callable[[], dict]) -> dict:
