@@ -181,20 +181,6 @@ def structure_differences(stored: dict[str, tuple], expected: dict[str, tuple]) 
     return lines
 
 
-def _deliver(signum: int, handler: Any) -> None:
-    """Runs ``handler`` for ``signum`` now, in this thread.
-
-    A Python handler is called directly. ``signal.raise_signal`` would depend on this
-    thread's signal mask: when a library has blocked the signal in the main thread, the
-    signal stays pending and the handler never runs (seen in the full test suite). SIG_DFL
-    re-raises the signal; SIG_IGN does nothing.
-    """
-    if callable(handler):
-        handler(signum, None)
-    elif handler == signal.SIG_DFL:
-        signal.raise_signal(signum)
-
-
 @contextlib.contextmanager
 def signals_held(what: str, signums=(signal.SIGINT, signal.SIGTERM)):
     """Holds SIGINT/SIGTERM while the block runs, then delivers the first one received.
@@ -223,7 +209,7 @@ def signals_held(what: str, signums=(signal.SIGINT, signal.SIGTERM)):
     def hold(signum, frame):
         if received:  # asked twice: stop now
             restore()
-            _deliver(signum, previous.get(signum))
+            signal.raise_signal(signum)
             return
         received.append(signum)
         print(
@@ -241,7 +227,7 @@ def signals_held(what: str, signums=(signal.SIGINT, signal.SIGTERM)):
         already = restored
         restore()
         if received and not already:
-            _deliver(received[0], previous.get(received[0]))  # the caller's handler runs now
+            signal.raise_signal(received[0])  # the caller's handler runs now
 
 
 class Checkpointer:
