@@ -46,7 +46,13 @@ def mixed_einsum(spec: str, x: jax.Array, y: jax.Array, *, dtype: Any = jnp.floa
     one rounded to bf16). JAX's own transpose would instead form float32 × bf16 dots (a
     float32 matmul after an upcast) and round the weight gradient to the operand dtype.
 
-    With `dtype` float32 this is exactly `jnp.einsum(spec, x, y)` in float32.
+    With `dtype` float32 the values are those of `jnp.einsum(spec, x, y)` in float32, and the
+    backward pass is the same two written-out einsums. That is a speed choice, not a
+    numerical one: JAX's own transpose of an einsum ends in a transpose that XLA:CPU folds
+    into the producer of the cotangent (the SwiGLU backward wrote its output transposed, 27
+    ms instead of ~3 ms per layer and micro-batch on SmolLM2) and runs the weight gradient
+    as an Eigen dot; the written-out form keeps every dot a YNNPACK fusion
+    (docs/performance.md, "perf13").
 
     Args:
       spec: "xsub,ysub->outsub" without ellipsis; every index of x must appear in y or the
@@ -67,14 +73,13 @@ def mixed_einsum(spec: str, x: jax.Array, y: jax.Array, *, dtype: Any = jnp.floa
       float32 array of the output shape.
     """
     dtype = jnp.dtype(dtype)
-    if dtype == jnp.float32:
-        return jnp.einsum(spec, x.astype(dtype), y.astype(dtype), precision=precision,
-                          preferred_element_type=jnp.float32)
     _split_spec(spec)  # Validate before tracing the custom VJP.
     if set(save_inputs) - {"x", "y"}:
         raise ValueError(f"save_inputs={save_inputs!r}; expected a combination of 'x' and 'y'.")
+    if dtype != jnp.float32:
+        precision = None  # bf16 operands: the precision flag has no meaning.
     return _mixed_einsum(spec, dtype, jnp.dtype(x.dtype), jnp.dtype(y.dtype),
-                         ("x" in save_inputs, "y" in save_inputs), x, y)
+                         ("x" in save_inputs, "y" in save_inputs), precision, x, y)
 
 
 def _split_spec(spec: str) -> tuple[str, str, str]:
@@ -86,24 +91,49 @@ def _split_spec(spec: str) -> tuple[str, str, str]:
     return x_sub, y_sub, out
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
-def _mixed_einsum(spec, dtype, x_dtype, y_dtype, save, x, y):
-    return _mixed_einsum_fwd(spec, dtype, x_dtype, y_dtype, save, x, y)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4, 5))
+def _mixed_einsum(spec, dtype, x_dtype, y_dtype, save, precision, x, y):
+    return _mixed_einsum_fwd(spec, dtype, x_dtype, y_dtype, save, precision, x, y)[0]
 
 
-def _mixed_einsum_fwd(spec, dtype, x_dtype, y_dtype, save, x, y):
+def _as_residual(a: jax.Array) -> jax.Array:
+    """What the backward pass keeps of `a`: 16-bit floats as their raw uint16 bits.
+
+    A residual made inside a layer scan is stacked per layer with a dynamic-update-slice.
+    XLA:CPU has no bf16 dynamic-update-slice: it converts the whole stacked [L, ...] buffer
+    to float32 and back on every layer, O(L²) traffic (perf13 in docs/performance.md: 5.3 s
+    of a 28 s SmolLM2 update). The same bits as uint16 are stacked in place. A bitcast is
+    free on every backend, so this is not CPU-specific code.
+    """
+    if a.dtype.itemsize == 2 and jnp.issubdtype(a.dtype, jnp.floating):
+        return jax.lax.bitcast_convert_type(a, jnp.uint16)
+    return a
+
+
+def _from_residual(r: jax.Array, dtype: Any) -> jax.Array:
+    """Inverse of `_as_residual` for an array that was `dtype`."""
+    return jax.lax.bitcast_convert_type(r, dtype) if r.dtype != dtype else r
+
+
+def _mixed_einsum_fwd(spec, dtype, x_dtype, y_dtype, save, precision, x, y):
     x_c, y_c = x.astype(dtype), y.astype(dtype)
-    out = jnp.einsum(spec, x_c, y_c, preferred_element_type=jnp.float32)
+    out = jnp.einsum(spec, x_c, y_c, precision=precision, preferred_element_type=jnp.float32)
     save_x, save_y = save
-    return out, (x if save_x else x_c, y if save_y else y_c)
+    return out, (_as_residual(x if save_x else x_c), _as_residual(y if save_y else y_c))
 
 
-def _mixed_einsum_bwd(spec, dtype, x_dtype, y_dtype, save, residuals, g):
+def _mixed_einsum_bwd(spec, dtype, x_dtype, y_dtype, save, precision, residuals, g):
     x_sub, y_sub, out = _split_spec(spec)
-    x_c, y_c = (r.astype(dtype) for r in residuals)  # No-ops unless saved as they came in.
+    save_x, save_y = save
+    x_r, y_r = residuals
+    # Operands saved as they came in are cast again here (no-ops for the `dtype` copies).
+    x_c = _from_residual(x_r, x_dtype if save_x else dtype).astype(dtype)
+    y_c = _from_residual(y_r, y_dtype if save_y else dtype).astype(dtype)
     g_c = g.astype(dtype)
-    dx = jnp.einsum(f"{out},{y_sub}->{x_sub}", g_c, y_c, preferred_element_type=jnp.float32)
-    dy = jnp.einsum(f"{x_sub},{out}->{y_sub}", x_c, g_c, preferred_element_type=jnp.float32)
+    dx = jnp.einsum(f"{out},{y_sub}->{x_sub}", g_c, y_c, precision=precision,
+                    preferred_element_type=jnp.float32)
+    dy = jnp.einsum(f"{x_sub},{out}->{y_sub}", x_c, g_c, precision=precision,
+                    preferred_element_type=jnp.float32)
     # The barrier keeps XLA from folding a caller's transpose of a gradient (e.g. the tied
     # embedding's [D, V] -> [V, D]) into the dot itself: the folded dot has its lhs
     # contracting dimension first, which XLA:CPU's bf16 (YNNPACK) dot fusion rejects and

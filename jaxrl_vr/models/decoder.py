@@ -372,6 +372,17 @@ class Decoder(nnx.Module):
         allowed_btm = causal_tm[None] & valid_bm[:, None, :]
         cos, sin = rope_cos_sin(positions_bt, rope_inv_freq(self.config))
         cache_dtype = cache.keys_lbkem.dtype
+        # A 16-bit float cache is written as its uint16 bits: XLA:CPU has no bf16
+        # dynamic-update-slice and would convert the whole [L, ...] cache to float32 and back
+        # for every layer's write (the bf16 rollout ran 2.4x slower; docs/performance.md,
+        # perf13). Bitcasts are free on every backend.
+        stored = jnp.uint16 if cache_dtype.itemsize == 2 else cache_dtype
+
+        def store(a):
+            return jax.lax.bitcast_convert_type(a, stored) if stored != cache_dtype else a
+
+        def load(a):
+            return jax.lax.bitcast_convert_type(a, cache_dtype) if stored != cache_dtype else a
 
         def body(carry, xs):
             x_btd, keys_all, values_all = carry
@@ -380,12 +391,12 @@ class Decoder(nnx.Module):
             def kv_fn(k_btke, v_btke):
                 # Write this chunk into the carried caches in place (the while loop aliases
                 # them: no copy), then read layer l's contiguous blocks back.
-                k_1bket = jnp.transpose(k_btke, (0, 2, 3, 1))[None].astype(cache_dtype)
-                v_1bkte = jnp.transpose(v_btke, (0, 2, 1, 3))[None].astype(cache_dtype)
+                k_1bket = store(jnp.transpose(k_btke, (0, 2, 3, 1))[None].astype(cache_dtype))
+                v_1bkte = store(jnp.transpose(v_btke, (0, 2, 1, 3))[None].astype(cache_dtype))
                 keys = jax.lax.dynamic_update_slice(keys_all, k_1bket, (layer, 0, 0, 0, index))
                 values = jax.lax.dynamic_update_slice(values_all, v_1bkte, (layer, 0, 0, index, 0))
-                k_l = jax.lax.dynamic_index_in_dim(keys, layer, 0, keepdims=False)
-                v_l = jax.lax.dynamic_index_in_dim(values, layer, 0, keepdims=False)
+                k_l = load(jax.lax.dynamic_index_in_dim(keys, layer, 0, keepdims=False))
+                v_l = load(jax.lax.dynamic_index_in_dim(values, layer, 0, keepdims=False))
                 # Returned in the cache dtype: the attention dots cast to the compute dtype.
                 return k_l, v_l, allowed_btm, (keys, values)
 
@@ -394,8 +405,9 @@ class Decoder(nnx.Module):
 
         layer_ids = jnp.arange(self.config.num_layers, dtype=jnp.int32)
         (x_btd, keys_all, values_all), _ = jax.lax.scan(
-            body, (self._embed(tokens_bt), cache.keys_lbkem, cache.values_lbkme),
+            body, (self._embed(tokens_bt), store(cache.keys_lbkem), store(cache.values_lbkme)),
             (self.layers.stacked(), layer_ids))
+        keys_all, values_all = load(keys_all), load(values_all)
         if last_only:
             x_btd = x_btd[:, -1:]
         hidden_btd = rms_norm(x_btd, self.final_norm[...], self.config.rms_norm_eps)

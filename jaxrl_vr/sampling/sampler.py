@@ -254,10 +254,11 @@ def generate(key: jax.Array, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *
       stop_token_ids: ids that end a response (included in it); default the config's EOS ids.
       pad_id: written after the stop token.
       bucket: prompt length and response buffer are rounded up to multiples of this.
-      cache_dtype: KV-cache dtype. None: float32 on the CPU backend, else the model's compute
-        dtype. The attention dots cast keys and values to the compute dtype either way, so
-        the rollout is the same; on XLA:CPU a bf16 cache made a bf16-compute SmolLM2 rollout
-        (64 x 64 tokens) take 18.8 s instead of 7.7 s with a float32 one (fp32 compute: 13.0 s).
+      cache_dtype: KV-cache dtype; None = the model's compute dtype. The attention dots cast
+        keys and values to the compute dtype either way, so a wider cache changes nothing but
+        memory. (A bf16 cache once made the XLA:CPU rollout 2.4x slower: its per-layer
+        dynamic-update-slice converted the whole cache to float32 and back; the cache is now
+        written as uint16 bits, see `Decoder.decode_step`.)
 
     Returns:
       Rollout with [B, max_new_tokens] responses (see `Rollout`).
@@ -295,7 +296,7 @@ def generate(key: jax.Array, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *
         graphdef, state, key, tokens_bucketed, mask_bucketed, np.int32(max_new_tokens),
         np.float32(temperature), np.float32(top_p), np.int32(top_k), stop_ids, np.int32(pad_id),
         num_samples=num_samples, buffer_len=round_up(max_new_tokens, bucket), greedy=bool(greedy),
-        cache_dtype=cache_dtype or ("float32" if jax.default_backend() == "cpu" else None),
+        cache_dtype=cache_dtype,
         use_filter=bool(not greedy and (top_k > 0 or top_p < 1)))
     prompt_tokens_bs = jnp.asarray(np.repeat(tokens_ps.astype(np.int32), num_samples, axis=0))
     prompt_mask_bs = jnp.asarray(np.repeat(mask_ps, num_samples, axis=0))

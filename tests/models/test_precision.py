@@ -56,6 +56,43 @@ class MixedEinsumTest(chex.TestCase):
         np.testing.assert_allclose(got, jnp.einsum("btd,dv->btv", x, y), rtol=1e-6, atol=1e-6)
 
     @chex.variants(with_jit=True, without_jit=True)
+    def test_float32_grads_hand_computed(self):
+        """float32 also goes through the written-out backward pass (perf13): dx = g·yᵀ, dy = xᵀ·g."""
+        x = np.array([[1.001, -2.003, 0.5007], [3.0009, 0.2501, -1.0003]], np.float32)  # [t, d]
+        y = np.array([[0.3333, 1.0], [-0.7777, 2.0001], [1.0039, -0.125]], np.float32)  # [d, v]
+        g = np.array([[1.0017, -0.5], [0.25, 3.0011]], np.float32)  # cotangent [t, v]
+        out, vjp = jax.vjp(self.variant(lambda a, b: ratios.mixed_einsum("td,dv->tv", a, b)),
+                           jnp.asarray(x), jnp.asarray(y))
+        dx, dy = vjp(jnp.asarray(g))
+        x64, y64, g64 = (a.astype(np.float64) for a in (x, y, g))
+        assert out.dtype == dx.dtype == dy.dtype == jnp.float32
+        np.testing.assert_allclose(out, x64 @ y64, rtol=1e-6)
+        np.testing.assert_allclose(dx, g64 @ y64.T, rtol=1e-6)
+        np.testing.assert_allclose(dy, x64.T @ g64, rtol=1e-6)
+
+    def test_bf16_residuals_of_a_layer_scan_are_stacked_without_widening(self):
+        """bf16 copies kept for the backward pass are stacked as uint16 bits: XLA:CPU widened a
+        bf16 dynamic-update-slice of the whole [L, ...] residual to float32 on every layer (perf13).
+        Values are unchanged: the grads equal those with the float32 input kept and cast again."""
+        layers, width = 4, 256
+        w_ldf = jax.random.normal(jax.random.key(0), (layers, width, width)) / 16
+        x_td = jax.random.normal(jax.random.key(1), (4, width))
+
+        def grad_fn(save_inputs):
+            def total(w):
+                def body(h, w_df):
+                    return jnp.tanh(ratios.mixed_einsum("td,df->tf", h, w_df, dtype=jnp.bfloat16,
+                                                        save_inputs=save_inputs)), None
+                return jnp.sum(jax.lax.scan(body, x_td, w)[0])
+            return jax.jit(jax.grad(total))
+
+        hlo = grad_fn("y").lower(w_ldf).compile().as_text()  # x's bf16 copy is the residual
+        assert re.search(rf"u16\[{layers},4,{width}\]", hlo)
+        widened = re.findall(rf"= f32\[{layers},4,{width}\][^\n]* convert\(", hlo)
+        assert not widened, widened
+        np.testing.assert_array_equal(grad_fn("y")(w_ldf), grad_fn("xy")(w_ldf))
+
+    @chex.variants(with_jit=True, without_jit=True)
     @parameterized.parameters("", "x", "y", "xy")
     def test_bf16_forward_and_grads_hand_computed(self, save_inputs):
         # Values that bf16 cannot hold exactly, so a missing cast would show.

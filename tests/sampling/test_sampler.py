@@ -223,7 +223,7 @@ def test_mixed_precision_unembedding_copy_keeps_the_rollout(monkeypatch):
 
 
 def test_mixed_precision_cache_dtype_keeps_the_rollout():
-    """bf16 compute: a float32 KV cache (the CPU default) and a bf16 one give the same rollout,
+    """bf16 compute: a float32 KV cache and a bf16 one (the default) give the same rollout,
     since the attention dots cast keys and values to bf16 either way."""
     model, ref = load("tiny_qwen2")
     set_compute_dtype(model, "bfloat16")
@@ -234,7 +234,23 @@ def test_mixed_precision_cache_dtype_keeps_the_rollout():
     default = generate(jax.random.key(6), model, prompts, mask, **kwargs)
     np.testing.assert_array_equal(f32.tokens_bt, bf16.tokens_bt)
     np.testing.assert_allclose(f32.logp_bt, bf16.logp_bt, atol=1e-5)
-    chex.assert_trees_all_equal(default, f32 if jax.default_backend() == "cpu" else bf16)
+    chex.assert_trees_all_equal(default, bf16)
+
+
+def test_bf16_cache_is_written_in_place():
+    """The decode step writes a bf16 cache as uint16 bits: XLA:CPU's bf16 dynamic-update-slice
+    converted the whole [L, ...] cache to float32 and back for every layer (perf13)."""
+    model, _ = load("tiny_qwen2")
+    set_compute_dtype(model, "bfloat16")
+    cache = model.init_cache(2, 16)
+    step = nnx.jit(lambda m, t, p, c: m.decode_step(t, p, c))
+    tokens = jnp.ones((2, 1), jnp.int32)
+    hlo = step.lower(model, tokens, tokens, cache).compile().as_text()
+    cache_shape = ",".join(map(str, cache.keys_lbkem.shape))
+    widened = re.findall(rf"= f32\[{cache_shape}\][^\n]* convert\(", hlo)
+    assert not widened, widened
+    logits, new_cache = step(model, tokens, tokens, cache)
+    assert new_cache.keys_lbkem.dtype == jnp.bfloat16 and int(new_cache.index) == 1
 
 
 def _reachable(hlo_text: str, roots) -> set:

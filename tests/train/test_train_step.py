@@ -176,8 +176,12 @@ def test_train_step_microbatched_update_equals_full_batch_update():
         state, _ = train_step(state, batch, hyper)
         state, metrics = train_step(state, batch, hyper)  # second step: lr > 0 after warm-up
         outs.append((state.params, metrics))
-    chex.assert_trees_all_close(outs[1][0], outs[0][0], rtol=1e-5, atol=1e-6)
-    for key in ("loss", "kl", "entropy", "clip_frac_high", "trained_tokens"):
+    # Adam divides each gradient coordinate by its own running RMS, so for a coordinate whose
+    # gradient is ~0 float32 summation-order noise becomes a visible fraction of an lr-sized
+    # step (seen on an AVX-512 Xeon: 1.7e-6 on one of 512 weights). 1e-5 is 0.2 % of the
+    # 5e-3 step; the gradient itself is compared through its norm below.
+    chex.assert_trees_all_close(outs[1][0], outs[0][0], rtol=1e-5, atol=1e-5)
+    for key in ("loss", "kl", "entropy", "clip_frac_high", "trained_tokens", "grad_norm"):
         np.testing.assert_allclose(
             float(outs[1][1][key]), float(outs[0][1][key]), rtol=1e-5, atol=1e-7
         )
