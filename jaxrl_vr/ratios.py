@@ -96,30 +96,31 @@ def _mixed_einsum(spec, dtype, x_dtype, y_dtype, save, precision, x, y):
     return _mixed_einsum_fwd(spec, dtype, x_dtype, y_dtype, save, precision, x, y)[0]
 
 
-def _as_residual(a: jax.Array) -> jax.Array:
-    """What the backward pass keeps of `a`: 16-bit floats as their raw uint16 bits.
+def to_stackable(a: jax.Array) -> jax.Array:
+    """`a` as it should be stacked per layer: 16-bit floats as their raw uint16 bits.
 
-    A residual made inside a layer scan is stacked per layer with a dynamic-update-slice.
-    XLA:CPU has no bf16 dynamic-update-slice: it converts the whole stacked [L, ...] buffer
-    to float32 and back on every layer, O(L²) traffic (perf13 in docs/performance.md: 5.3 s
-    of a 28 s SmolLM2 update). The same bits as uint16 are stacked in place. A bitcast is
-    free on every backend, so this is not CPU-specific code.
+    Arrays made inside a layer scan (residuals kept for the backward pass, KV-cache writes)
+    are stacked into an [L, ...] buffer with a dynamic-update-slice. XLA:CPU has no bf16
+    dynamic-update-slice: it converts the whole stacked buffer to float32 and back on every
+    layer, O(L²) traffic (perf13 in docs/performance.md: 5.3 s of a 28 s SmolLM2 update, and
+    a 2.4x slower bf16 rollout). The same bits as uint16 are stacked in place. A bitcast is
+    free on every backend, so this is not CPU-specific code. Inverse: `from_stackable`.
     """
     if a.dtype.itemsize == 2 and jnp.issubdtype(a.dtype, jnp.floating):
         return jax.lax.bitcast_convert_type(a, jnp.uint16)
     return a
 
 
-def _from_residual(r: jax.Array, dtype: Any) -> jax.Array:
-    """Inverse of `_as_residual` for an array that was `dtype`."""
-    return jax.lax.bitcast_convert_type(r, dtype) if r.dtype != dtype else r
+def from_stackable(r: jax.Array, dtype: Any) -> jax.Array:
+    """Inverse of `to_stackable` for an array that was `dtype`."""
+    return jax.lax.bitcast_convert_type(r, dtype) if r.dtype != jnp.dtype(dtype) else r
 
 
 def _mixed_einsum_fwd(spec, dtype, x_dtype, y_dtype, save, precision, x, y):
     x_c, y_c = x.astype(dtype), y.astype(dtype)
     out = jnp.einsum(spec, x_c, y_c, precision=precision, preferred_element_type=jnp.float32)
     save_x, save_y = save
-    return out, (_as_residual(x if save_x else x_c), _as_residual(y if save_y else y_c))
+    return out, (to_stackable(x if save_x else x_c), to_stackable(y if save_y else y_c))
 
 
 def _mixed_einsum_bwd(spec, dtype, x_dtype, y_dtype, save, precision, residuals, g):
@@ -127,8 +128,8 @@ def _mixed_einsum_bwd(spec, dtype, x_dtype, y_dtype, save, precision, residuals,
     save_x, save_y = save
     x_r, y_r = residuals
     # Operands saved as they came in are cast again here (no-ops for the `dtype` copies).
-    x_c = _from_residual(x_r, x_dtype if save_x else dtype).astype(dtype)
-    y_c = _from_residual(y_r, y_dtype if save_y else dtype).astype(dtype)
+    x_c = from_stackable(x_r, x_dtype if save_x else dtype).astype(dtype)
+    y_c = from_stackable(y_r, y_dtype if save_y else dtype).astype(dtype)
     g_c = g.astype(dtype)
     dx = jnp.einsum(f"{out},{y_sub}->{x_sub}", g_c, y_c, precision=precision,
                     preferred_element_type=jnp.float32)

@@ -33,7 +33,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_vr.models.config import COMPUTE_DTYPES, DecoderConfig
-from jaxrl_vr.ratios import mixed_einsum
+from jaxrl_vr.ratios import from_stackable, mixed_einsum, to_stackable
 
 _INIT_STD = 0.02  # HF initializer_range default.
 
@@ -372,17 +372,11 @@ class Decoder(nnx.Module):
         allowed_btm = causal_tm[None] & valid_bm[:, None, :]
         cos, sin = rope_cos_sin(positions_bt, rope_inv_freq(self.config))
         cache_dtype = cache.keys_lbkem.dtype
-        # A 16-bit float cache is written as its uint16 bits: XLA:CPU has no bf16
-        # dynamic-update-slice and would convert the whole [L, ...] cache to float32 and back
-        # for every layer's write (the bf16 rollout ran 2.4x slower; docs/performance.md,
-        # perf13). Bitcasts are free on every backend.
-        stored = jnp.uint16 if cache_dtype.itemsize == 2 else cache_dtype
-
-        def store(a):
-            return jax.lax.bitcast_convert_type(a, stored) if stored != cache_dtype else a
+        # The layer scan carries a 16-bit cache as uint16 bits (`to_stackable`: XLA:CPU would
+        # widen the whole cache to float32 and back for every layer's write).
 
         def load(a):
-            return jax.lax.bitcast_convert_type(a, cache_dtype) if stored != cache_dtype else a
+            return from_stackable(a, cache_dtype)
 
         def body(carry, xs):
             x_btd, keys_all, values_all = carry
@@ -391,8 +385,8 @@ class Decoder(nnx.Module):
             def kv_fn(k_btke, v_btke):
                 # Write this chunk into the carried caches in place (the while loop aliases
                 # them: no copy), then read layer l's contiguous blocks back.
-                k_1bket = store(jnp.transpose(k_btke, (0, 2, 3, 1))[None].astype(cache_dtype))
-                v_1bkte = store(jnp.transpose(v_btke, (0, 2, 1, 3))[None].astype(cache_dtype))
+                k_1bket = to_stackable(jnp.transpose(k_btke, (0, 2, 3, 1))[None].astype(cache_dtype))
+                v_1bkte = to_stackable(jnp.transpose(v_btke, (0, 2, 1, 3))[None].astype(cache_dtype))
                 keys = jax.lax.dynamic_update_slice(keys_all, k_1bket, (layer, 0, 0, 0, index))
                 values = jax.lax.dynamic_update_slice(values_all, v_1bkte, (layer, 0, 0, index, 0))
                 k_l = load(jax.lax.dynamic_index_in_dim(keys, layer, 0, keepdims=False))
@@ -405,7 +399,8 @@ class Decoder(nnx.Module):
 
         layer_ids = jnp.arange(self.config.num_layers, dtype=jnp.int32)
         (x_btd, keys_all, values_all), _ = jax.lax.scan(
-            body, (self._embed(tokens_bt), store(cache.keys_lbkem), store(cache.values_lbkme)),
+            body,
+            (self._embed(tokens_bt), to_stackable(cache.keys_lbkem), to_stackable(cache.values_lbkme)),
             (self.layers.stacked(), layer_ids))
         keys_all, values_all = load(keys_all), load(values_all)
         if last_only:

@@ -45,6 +45,11 @@ def dot_types(hlo_text: str) -> collections.Counter:
 
 # ---- mixed_einsum ---------------------------------------------------------------------------
 
+# Hand-checkable operands of "td,dv->tv" that bf16 cannot hold exactly, so a missing cast shows.
+X_TD = np.array([[1.001, -2.003, 0.5007], [3.0009, 0.2501, -1.0003]], np.float32)
+Y_DV = np.array([[0.3333, 1.0], [-0.7777, 2.0001], [1.0039, -0.125]], np.float32)
+G_TV = np.array([[1.0017, -0.5], [0.25, 3.0011]], np.float32)  # cotangent
+
 
 class MixedEinsumTest(chex.TestCase):
 
@@ -58,9 +63,7 @@ class MixedEinsumTest(chex.TestCase):
     @chex.variants(with_jit=True, without_jit=True)
     def test_float32_grads_hand_computed(self):
         """float32 also goes through the written-out backward pass (perf13): dx = g·yᵀ, dy = xᵀ·g."""
-        x = np.array([[1.001, -2.003, 0.5007], [3.0009, 0.2501, -1.0003]], np.float32)  # [t, d]
-        y = np.array([[0.3333, 1.0], [-0.7777, 2.0001], [1.0039, -0.125]], np.float32)  # [d, v]
-        g = np.array([[1.0017, -0.5], [0.25, 3.0011]], np.float32)  # cotangent [t, v]
+        x, y, g = X_TD, Y_DV, G_TV
         out, vjp = jax.vjp(self.variant(lambda a, b: ratios.mixed_einsum("td,dv->tv", a, b)),
                            jnp.asarray(x), jnp.asarray(y))
         dx, dy = vjp(jnp.asarray(g))
@@ -95,10 +98,7 @@ class MixedEinsumTest(chex.TestCase):
     @chex.variants(with_jit=True, without_jit=True)
     @parameterized.parameters("", "x", "y", "xy")
     def test_bf16_forward_and_grads_hand_computed(self, save_inputs):
-        # Values that bf16 cannot hold exactly, so a missing cast would show.
-        x = np.array([[1.001, -2.003, 0.5007], [3.0009, 0.2501, -1.0003]], np.float32)  # [t, d]
-        y = np.array([[0.3333, 1.0], [-0.7777, 2.0001], [1.0039, -0.125]], np.float32)  # [d, v]
-        g = np.array([[1.0017, -0.5], [0.25, 3.0011]], np.float32)  # cotangent [t, v]
+        x, y, g = X_TD, Y_DV, G_TV
 
         def f(a, b):
             return ratios.mixed_einsum("td,dv->tv", a, b, dtype=jnp.bfloat16, save_inputs=save_inputs)
