@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import chex
 import jax
@@ -45,24 +45,27 @@ LAYER_PARAM_NAMES = (
 
 
 class KVCache(NamedTuple):
-    """Static-shape key/value cache for all layers.
+    """Static-shape key/value cache, one buffer per layer.
 
     Layouts are the operand layouts of the per-(batch, kv head) attention dots, so a decode
-    step reads one layer's contiguous block without a transposing copy: keys [.., Dh, M]
-    (q·K contracts Dh), values [.., M, Dh] (p·V contracts M). (With both [L, B, M, Hkv, Dh],
-    XLA's CPU backend made a transposing copy of every layer's keys on every step: ~5% of a
-    decode step at batch 64 for SmolLM2-135M on one core; ~2% net gain after the change.)
+    step reads a layer's cache without a transposing copy: keys [.., Dh, M] (q·K contracts
+    Dh), values [.., M, Dh] (p·V contracts M). (With [B, M, Hkv, Dh] for both, XLA's CPU
+    backend made a transposing copy of every layer's keys on every step.) One buffer per
+    layer rather than one stacked [L, ...] array: a layer's write is then an in-place update
+    of its own buffer and its read needs no copy (with a stacked cache read inside a layer
+    scan, XLA:CPU copied each layer's block out on every step: ~10 % of a SmolLM2 decode
+    step at batch 64).
 
     Attributes:
-      keys_lbkem: [L, B, Hkv, Dh, M] rotated keys (M = cache length in slots).
-      values_lbkme: [L, B, Hkv, M, Dh] values.
+      keys_bkem: per layer, [B, Hkv, Dh, M] rotated keys (M = cache length in slots).
+      values_bkme: per layer, [B, Hkv, M, Dh] values.
       valid_bm: bool [B, M], True where a slot holds a real token (False for left padding
         and for slots not yet written).
       index: int32 scalar, the next slot to write (shared by the batch).
     """
 
-    keys_lbkem: jax.Array
-    values_lbkme: jax.Array
+    keys_bkem: tuple[jax.Array, ...]
+    values_bkme: tuple[jax.Array, ...]
     valid_bm: jax.Array
     index: jax.Array
 
@@ -208,6 +211,17 @@ class DecoderLayers(nnx.Module):
         """Present parameters as a dict of [L, ...] arrays (the xs of the layer scan)."""
         return {name: getattr(self, name)[...] for name in LAYER_PARAM_NAMES if getattr(self, name) is not None}
 
+    def unstacked(self) -> list[dict[str, jax.Array]]:
+        """Layer l's parameters as their own arrays, for l = 0 .. L-1 (static slices).
+
+        The sampler takes these once per call, outside its decode loop: a layer scan over the
+        stacked arrays inside the loop makes XLA:CPU copy every layer's matrices out of the
+        stack on every decode step (~15 % of a SmolLM2 decode step at batch 64).
+        """
+        stacked = self.stacked()
+        num_layers = next(iter(stacked.values())).shape[0]
+        return [{name: value[layer] for name, value in stacked.items()} for layer in range(num_layers)]
+
 
 def _block(config: DecoderConfig, p: dict[str, jax.Array], x_btd: jax.Array, cos_bte, sin_bte, kv_fn,
            attend_fn=attend):
@@ -239,7 +253,11 @@ def _block(config: DecoderConfig, p: dict[str, jax.Array], x_btd: jax.Array, cos
     q, k = apply_rope(q, cos_bte, sin_bte), apply_rope(k, cos_bte, sin_bte)
     keys, values, allowed_bts, aux = kv_fn(k, v)
     attn_bthe = attend_fn(q, keys, values, allowed_bts, compute_dtype=compute)
-    out_btd = mm("bthe,hed->btd", attn_bthe, p["wo"])
+    # Heads merged into one contraction axis on both sides (free reshapes): with (h, e) kept
+    # apart, XLA:CPU chose to contract them in (e, h) order and re-transposed wo on every
+    # decode step inside the sampler's loop.
+    b, t, h, e = attn_bthe.shape
+    out_btd = mm("btf,fd->btd", attn_bthe.reshape(b, t, h * e), p["wo"].reshape(h * e, -1))
     if "bo" in p:
         out_btd = out_btd + _lead(p["bo"], 3)
     x_btd = x_btd + out_btd
@@ -334,26 +352,30 @@ class Decoder(nnx.Module):
         return logits_nv.reshape(lead_shape + logits_nv.shape[-1:])
 
     def init_cache(self, batch: int, max_len: int, dtype: Any = None) -> KVCache:
-        """Empty cache: zero keys [L, batch, Hkv, Dh, max_len] and values [L, batch, Hkv, max_len, Dh],
-        no valid slot, index 0. `dtype` defaults to the compute dtype (keys and values are
-        cast to it before every attention dot anyway, so a narrower cache loses nothing)."""
+        """Empty cache: per layer, zero keys [batch, Hkv, Dh, max_len] and values
+        [batch, Hkv, max_len, Dh]; no valid slot, index 0. `dtype` defaults to the compute
+        dtype (keys and values are cast to it before every attention dot anyway, so a
+        narrower cache loses nothing)."""
         c = self.config
         dtype = jnp.dtype(dtype or c.matmul_dtype)
-        lead = (c.num_layers, batch, c.num_kv_heads)
+        lead = (batch, c.num_kv_heads)
         return KVCache(
-            keys_lbkem=jnp.zeros(lead + (c.head_dim, max_len), dtype),
-            values_lbkme=jnp.zeros(lead + (max_len, c.head_dim), dtype),
+            keys_bkem=tuple(jnp.zeros(lead + (c.head_dim, max_len), dtype) for _ in range(c.num_layers)),
+            values_bkme=tuple(jnp.zeros(lead + (max_len, c.head_dim), dtype) for _ in range(c.num_layers)),
             valid_bm=jnp.zeros((batch, max_len), bool),
             index=jnp.zeros((), jnp.int32),
         )
 
     def decode_step(self, tokens_bt: jax.Array, positions_bt: jax.Array, cache: KVCache, *,
-                    mask_bt: jax.Array | None = None, last_only: bool = False) -> tuple[jax.Array, KVCache]:
+                    mask_bt: jax.Array | None = None, last_only: bool = False,
+                    layer_params: Sequence[dict[str, jax.Array]] | None = None) -> tuple[jax.Array, KVCache]:
         """Runs T new tokens (prefill T > 1 or decode T = 1) against the cache.
 
         The chunk is written to slots [index, index + T) (the caller keeps index + T <= M);
         slot validity becomes `mask_bt` (default all True). Query t attends to every valid slot
-        s <= index + t, so left-padded prompts work.
+        s <= index + t, so left-padded prompts work. The layers run as an unrolled loop over
+        `layer_params` (default `self.layers.unstacked()`; a decode loop should take those
+        once, outside the loop, and pass them in).
 
         Returns:
           (float32 logits [B, T, V] — or [B, 1, V] for the last position when `last_only` —,
@@ -365,48 +387,41 @@ class Decoder(nnx.Module):
         max_len = cache.valid_bm.shape[1]
         if t > max_len:
             raise ValueError(f"decode_step got {t} tokens but the cache holds only {max_len} slots.")
+        layers = self.layers.unstacked() if layer_params is None else layer_params
+        if not len(layers) == len(cache.keys_bkem) == self.config.num_layers:
+            raise ValueError(f"decode_step got {len(layers)} layers of parameters and a cache of "
+                             f"{len(cache.keys_bkem)} layers for a {self.config.num_layers}-layer model.")
         index = cache.index
         valid_bm = jax.lax.dynamic_update_slice(cache.valid_bm, mask_bt, (0, index))
         slots_m = jnp.arange(max_len, dtype=jnp.int32)
         causal_tm = slots_m[None, :] <= index + jnp.arange(t, dtype=jnp.int32)[:, None]
         allowed_btm = causal_tm[None] & valid_bm[:, None, :]
         cos, sin = rope_cos_sin(positions_bt, rope_inv_freq(self.config))
-        cache_dtype = cache.keys_lbkem.dtype
-        # The layer scan carries a 16-bit cache as uint16 bits (`to_stackable`: XLA:CPU would
-        # widen the whole cache to float32 and back for every layer's write).
 
-        def load(a):
-            return from_stackable(a, cache_dtype)
+        def write(buffer, chunk, start):
+            # A 16-bit cache is updated as uint16 bits (`to_stackable`): XLA:CPU has no bf16
+            # dynamic-update-slice and would widen the whole buffer to float32 and back.
+            dtype = buffer.dtype
+            return from_stackable(jax.lax.dynamic_update_slice(
+                to_stackable(buffer), to_stackable(chunk.astype(dtype)), start), dtype)
 
-        def body(carry, xs):
-            x_btd, keys_all, values_all = carry
-            p, layer = xs
-
-            def kv_fn(k_btke, v_btke):
-                # Write this chunk into the carried caches in place (the while loop aliases
-                # them: no copy), then read layer l's contiguous blocks back.
-                k_1bket = to_stackable(jnp.transpose(k_btke, (0, 2, 3, 1))[None].astype(cache_dtype))
-                v_1bkte = to_stackable(jnp.transpose(v_btke, (0, 2, 1, 3))[None].astype(cache_dtype))
-                keys = jax.lax.dynamic_update_slice(keys_all, k_1bket, (layer, 0, 0, 0, index))
-                values = jax.lax.dynamic_update_slice(values_all, v_1bkte, (layer, 0, 0, index, 0))
-                k_l = load(jax.lax.dynamic_index_in_dim(keys, layer, 0, keepdims=False))
-                v_l = load(jax.lax.dynamic_index_in_dim(values, layer, 0, keepdims=False))
+        x_btd = self._embed(tokens_bt)
+        new_keys, new_values = [], []
+        for p, keys_bkem, values_bkme in zip(layers, cache.keys_bkem, cache.values_bkme):
+            def kv_fn(k_btke, v_btke, keys_bkem=keys_bkem, values_bkme=values_bkme):
+                # In place: the decode loop carries the buffers, so the update aliases them.
+                keys = write(keys_bkem, jnp.transpose(k_btke, (0, 2, 3, 1)), (0, 0, 0, index))
+                values = write(values_bkme, jnp.transpose(v_btke, (0, 2, 1, 3)), (0, 0, index, 0))
                 # Returned in the cache dtype: the attention dots cast to the compute dtype.
-                return k_l, v_l, allowed_btm, (keys, values)
+                return keys, values, allowed_btm, (keys, values)
 
-            x_btd, (keys_all, values_all) = _block(self.config, p, x_btd, cos, sin, kv_fn, attend_cache)
-            return (x_btd, keys_all, values_all), None
-
-        layer_ids = jnp.arange(self.config.num_layers, dtype=jnp.int32)
-        (x_btd, keys_all, values_all), _ = jax.lax.scan(
-            body,
-            (self._embed(tokens_bt), to_stackable(cache.keys_lbkem), to_stackable(cache.values_lbkme)),
-            (self.layers.stacked(), layer_ids))
-        keys_all, values_all = load(keys_all), load(values_all)
+            x_btd, (keys, values) = _block(self.config, p, x_btd, cos, sin, kv_fn, attend_cache)
+            new_keys.append(keys)
+            new_values.append(values)
         if last_only:
             x_btd = x_btd[:, -1:]
         hidden_btd = rms_norm(x_btd, self.final_norm[...], self.config.rms_norm_eps)
-        new_cache = KVCache(keys_all, values_all, valid_bm, (index + t).astype(jnp.int32))
+        new_cache = KVCache(tuple(new_keys), tuple(new_values), valid_bm, (index + t).astype(jnp.int32))
         return self.logits(hidden_btd), new_cache
 
     # ---- helpers ----------------------------------------------------------------------------

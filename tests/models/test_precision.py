@@ -259,7 +259,7 @@ def test_set_compute_dtype_validates_and_defaults_unchanged():
     with pytest.raises(ValueError, match="compute_dtype"):
         DecoderConfig.tiny(compute_dtype="fp8")
     assert set_compute_dtype(model, "bfloat16").config.matmul_dtype == "bfloat16"
-    assert model.init_cache(1, 4).keys_lbkem.dtype == jnp.bfloat16
+    assert model.init_cache(1, 4).keys_bkem[0].dtype == jnp.bfloat16
     assert model.embed[...].dtype == jnp.float32
 
 
@@ -289,7 +289,7 @@ def test_mixed_precision_decode_matches_its_full_forward():
     tokens_bt = jnp.asarray(np.arange(1, 13, dtype=np.int32).reshape(2, 6) * 7 % model.config.vocab_size)
     full = np.asarray(_forward(model, tokens_bt, jnp.ones(tokens_bt.shape, bool)))
     cache = model.init_cache(2, 8)
-    assert cache.keys_lbkem.dtype == jnp.bfloat16
+    assert {k.dtype for k in cache.keys_bkem + cache.values_bkme} == {jnp.dtype(jnp.bfloat16)}
     step = nnx.jit(lambda m, t, p, c: m.decode_step(t, p, c))
     positions_bt = jnp.broadcast_to(jnp.arange(6, dtype=jnp.int32), (2, 6))
     logits, cache = step(model, tokens_bt[:, :4], positions_bt[:, :4], cache)

@@ -239,18 +239,18 @@ def test_mixed_precision_cache_dtype_keeps_the_rollout():
 
 def test_bf16_cache_is_written_in_place():
     """The decode step writes a bf16 cache as uint16 bits: XLA:CPU's bf16 dynamic-update-slice
-    converted the whole [L, ...] cache to float32 and back for every layer (perf13)."""
+    converts the whole buffer to float32 and back for every write (perf13)."""
     model, _ = load("tiny_qwen2")
     set_compute_dtype(model, "bfloat16")
     cache = model.init_cache(2, 16)
     step = nnx.jit(lambda m, t, p, c: m.decode_step(t, p, c))
     tokens = jnp.ones((2, 1), jnp.int32)
     hlo = step.lower(model, tokens, tokens, cache).compile().as_text()
-    cache_shape = ",".join(map(str, cache.keys_lbkem.shape))
+    cache_shape = ",".join(map(str, cache.keys_bkem[0].shape))
     widened = re.findall(rf"= f32\[{cache_shape}\][^\n]* convert\(", hlo)
     assert not widened, widened
     logits, new_cache = step(model, tokens, tokens, cache)
-    assert new_cache.keys_lbkem.dtype == jnp.bfloat16 and int(new_cache.index) == 1
+    assert new_cache.keys_bkem[0].dtype == jnp.bfloat16 and int(new_cache.index) == 1
 
 
 def _reachable(hlo_text: str, roots) -> set:
@@ -294,6 +294,35 @@ def test_mixed_precision_decode_loop_runs_a_bf16_lm_head_without_recasting():
     types = dict(re.findall(r"%([\w.\-]+) = (\w+)\[", hlo))
     lm_head = re.findall(rf"= f32\[{batch},{vocab}\]\S* dot\(%([\w.\-]+), %([\w.\-]+)\)", loop)
     assert lm_head and {(types[a], types[b]) for a, b in lm_head} == {("bf16", "bf16")}, lm_head
+
+
+@pytest.mark.parametrize("compute_dtype", ("float32", "bfloat16"))
+def test_decode_loop_reads_the_weights_without_copying_them(compute_dtype):
+    """Compiled sampler: inside the decode loop no instruction but a parameter, tuple access
+    or bitcast has the shape of a block matrix. A layer scan over the stacked [L, ...] weights
+    made XLA:CPU copy every layer's matrices out of the stack on every step, and contracting
+    wo's (head, dim) axes apart made it re-transpose wo on every step (perf14)."""
+    model, ref = load("tiny_qwen2")
+    set_compute_dtype(model, compute_dtype)
+    c = model.config
+    d, f, q, kv = c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    graphdef, state = nnx.split(model)
+    prompts = np.asarray(ref["input_ids"], np.int32)[:, -8:]
+    hlo = sampler_lib._generate_core.lower(
+        graphdef, state, jax.random.key(0), prompts, np.ones(prompts.shape, bool), np.int32(8), np.float32(1),
+        np.float32(1), np.int32(0), np.asarray(NO_STOP, np.int32), np.int32(0), num_samples=3, buffer_len=16,
+        greedy=False, use_filter=False).compile().as_text()
+    bodies = re.findall(r"while\(.*?body=%([\w.\-]+)", hlo)
+    loop = "\n".join(_reachable(hlo, bodies).values())
+    matrix_shapes = {(d, f), (f, d), (d, q), (q, d), (d, kv), (kv, d), (d, c.num_heads, c.head_dim),
+                     (c.num_heads, c.head_dim, d), (c.head_dim, c.num_heads, d), (d, c.num_kv_heads, c.head_dim)}
+    assert 3 * prompts.shape[0] not in {d, f, q, kv}  # Activations [B, ..] cannot pass for weights.
+    copies = []
+    for name, shape, op in re.findall(r"%([\w.\-]+) = \w+\[([\d,]*)\]\S* ([\w\-]+)\(", loop):
+        dims = tuple(int(n) for n in shape.split(",") if n)
+        if dims in matrix_shapes and op not in ("parameter", "get-tuple-element", "bitcast", "tuple"):
+            copies.append(f"{name} {op} {dims}")
+    assert not copies, copies
 
 
 class FilterLogitsTest(chex.TestCase):
