@@ -97,13 +97,14 @@ def _mixed_einsum(spec, dtype, x_dtype, y_dtype, save, precision, x, y):
 
 
 def to_stackable(a: jax.Array) -> jax.Array:
-    """`a` as it should be stacked per layer: 16-bit floats as their raw uint16 bits.
+    """`a` as it should be written into a larger buffer: 16-bit floats as their raw uint16 bits.
 
-    Arrays made inside a layer scan (residuals kept for the backward pass, KV-cache writes)
-    are stacked into an [L, ...] buffer with a dynamic-update-slice. XLA:CPU has no bf16
-    dynamic-update-slice: it converts the whole stacked buffer to float32 and back on every
-    layer, O(L²) traffic (perf13 in docs/performance.md: 5.3 s of a 28 s SmolLM2 update, and
-    a 2.4x slower bf16 rollout). The same bits as uint16 are stacked in place. A bitcast is
+    Residuals kept for the backward pass inside a layer scan are stacked into an [L, ...]
+    buffer, and each KV-cache write updates a slice of a layer's cache, both with a
+    dynamic-update-slice. XLA:CPU has no bf16 dynamic-update-slice: it converts the whole
+    buffer to float32 and back on every write, O(L²) traffic for a stacked residual
+    (perf13 in docs/performance.md: 5.3 s of a 28 s SmolLM2 update, and a 2.4x slower bf16
+    rollout). The same bits as uint16 are stacked in place. A bitcast is
     free on every backend, so this is not CPU-specific code. Inverse: `from_stackable`.
     """
     if a.dtype.itemsize == 2 and jnp.issubdtype(a.dtype, jnp.floating):
