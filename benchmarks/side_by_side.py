@@ -1,12 +1,16 @@
 """jaxrl_vr vs TRL on the peer GRPO workload, back to back, both precisions; prints the ratios.
 
-Each run is its own process, ours then TRL's for a precision, so the two see the same machine
-state as far as possible; the 1-minute load average is recorded around every run (on a
-shared machine only ratios measured side by side mean anything). Needs the peer venv and
-model (`bash ../shared/peers/setup.sh trl && bash ../shared/peers/setup.sh models`).
+Each run is its own process, ours and TRL's back to back for a precision, so the two see the
+same machine state as far as possible; the 1-minute load average is recorded around every run
+(on a shared machine only ratios measured side by side mean anything). `--rounds N` repeats
+the pairs, alternating which peer goes first, and reports each ratio as median [min, max]
+over the rounds; with independent rounds [min, max] holds the true median ratio with
+probability 1 − 2·2^−N (75 % for 3 rounds, 94 % for 5), whatever the noise distribution.
+Needs the peer venv and model (`bash ../shared/peers/setup.sh trl && bash
+../shared/peers/setup.sh models`).
 
     python benchmarks/side_by_side.py [--precisions fp32,bf16] [--warmup 1 --steps 2] \\
-        [--out benchmarks/rl_step_results.json]
+        [--rounds 3] [--out benchmarks/rl_step_results.json]
 
 Targets (issue 12): fp32 step ≤ 0.6 × TRL fp32; update ≥ 60 % of the same run's f32 matmul
 peak; bf16 step ≤ 0.6 × TRL bf16 (CPUs with bf16 units); rollout ≥ 2 × TRL's generation
@@ -50,6 +54,75 @@ def run(cmd: list[str], log_path: str, env: dict | None = None) -> float:
     return time.time() - t0
 
 
+def run_pair(args, work: str, model_dir: str, trl_python: str, prompts: str, precision: str,
+             round_index: int, ours_first: bool) -> tuple[dict, dict]:
+    """One back-to-back pair: our rl_step.py and TRL's bench_trl.py on the same prompts."""
+    tag = f"{precision}_r{round_index}"
+    ours_json = os.path.join(work, f"ours_{tag}.json")
+    trl_json = os.path.join(work, f"trl_{tag}.jsonl")
+    loads = {}
+
+    def ours_run():
+        loads["ours"] = os.getloadavg()[0]
+        run([sys.executable, os.path.join(HERE, "rl_step.py"), "--model-dir", model_dir, "--prompts-file", prompts,
+             "--warmup", str(args.warmup), "--steps", str(args.steps), "--precision", precision,
+             "--json", ours_json] + args.ours_args.split(), os.path.join(work, f"ours_{tag}.log"))
+
+    def trl_run():
+        loads["trl"] = os.getloadavg()[0]
+        run([trl_python, os.path.join(args.peers_dir, "bench_trl.py"), "--model", model_dir,
+             "-W", str(args.warmup), "-N", str(args.steps), "--micro-batch", str(args.trl_micro_batch),
+             "--json-out", trl_json] + (["--bf16"] if precision == "bf16" else []),
+            os.path.join(work, f"trl_{tag}.log"),
+            env={"OMP_WAIT_POLICY": args.trl_omp_wait_policy} if args.trl_omp_wait_policy else None)
+        loads["trl_end"] = os.getloadavg()[0]
+
+    for step in ((ours_run, trl_run) if ours_first else (trl_run, ours_run)):
+        step()
+    ours = json.load(open(ours_json))
+    trl = json.loads(open(trl_json).read().splitlines()[-1])
+    trl["load_1m_start"], trl["load_1m_end"] = loads["trl"], loads["trl_end"]
+    ours["load_1m_before_run"] = loads["ours"]
+    ours["ran_first"], trl["ran_first"] = ours_first, not ours_first
+    if trl.get("prompts_sha") != ours.get("prompts_sha"):
+        print(f"WARNING: prompt sets differ ({trl.get('prompts_sha')} vs {ours.get('prompts_sha')})")
+    return ours, trl
+
+
+def pair_ratios(ours: dict, trl: dict) -> dict:
+    """The issue-12 ratios of one back-to-back pair (TRL's update = its step − its rollout)."""
+    trl_update = trl["median_step_s"] - trl["median_rollout_s"]
+    return {
+        "step_ours_over_trl": ours["median_step_s"] / trl["median_step_s"],
+        "update_ours_over_trl": ours["median_update_s"] / trl_update,
+        "rollout_speedup_vs_trl": trl["median_rollout_s"] / ours["median_rollout_s"],
+        "update_fraction_of_f32_peak": ours["update_fraction_of_matmul_peak"],
+        "peak_rss_mb_ours": ours["peak_rss_mb"],
+        "peak_rss_mb_trl": trl["peak_rss_mb"],
+    }
+
+
+def median_index(values: list[float]) -> int:
+    """Index of the median value (the lower middle one for an even count)."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    return order[(len(values) - 1) // 2]
+
+
+def range_coverage(rounds: int) -> float:
+    """P(min <= true median <= max) for `rounds` independent draws: 1 − 2 · 2^−n (no
+    assumption on the distribution; 0 for a single round)."""
+    return max(0.0, 1.0 - 2.0 * 0.5 ** rounds)
+
+
+def summarise(values: list[float]) -> dict:
+    """Median, min and max over rounds, with the distribution-free coverage of [min, max]."""
+    ordered = sorted(values)
+    n = len(ordered)
+    median = ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+    return {"median": median, "min": ordered[0], "max": ordered[-1], "n": n,
+            "range_coverage_of_median": range_coverage(n)}
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers-root", default=os.environ.get("PEERS_ROOT", os.path.expanduser("~/.cache/jaxrl_vr-peers")))
@@ -58,6 +131,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="back-to-back pairs per precision, alternating which peer runs first; "
+                             "the ratios are reported as median [min, max] over the rounds")
     parser.add_argument("--trl-micro-batch", type=int, default=8,
                         help="TRL sequences per forward/backward (ours: 8 micro-batches of 8); 0 = all 64 "
                              "at once (TRL's default, ~17 GB peak RSS)")
@@ -79,47 +155,42 @@ def main(argv=None) -> dict:
     run([trl_python, os.path.join(args.peers_dir, "prompts.py"), "--model", model_dir, "--out", prompts,
          "-W", str(args.warmup), "-N", str(args.steps)], os.path.join(work, "prompts.log"))
 
-    results = {"cpu": cpu_flags(), "warmup": args.warmup, "steps": args.steps,
+    results = {"cpu": cpu_flags(), "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds,
                "trl_micro_batch": args.trl_micro_batch, "trl_omp_wait_policy": args.trl_omp_wait_policy,
-               "runs": {}, "ratios": {}}
-    for precision in args.precisions.split(","):
-        ours_json = os.path.join(work, f"ours_{precision}.json")
-        load_before = os.getloadavg()[0]
-        run([sys.executable, os.path.join(HERE, "rl_step.py"), "--model-dir", model_dir, "--prompts-file", prompts,
-             "--warmup", str(args.warmup), "--steps", str(args.steps), "--precision", precision,
-             "--json", ours_json] + args.ours_args.split(), os.path.join(work, f"ours_{precision}.log"))
-        ours = json.load(open(ours_json))
-        trl_json = os.path.join(work, f"trl_{precision}.jsonl")
-        trl_load_before = os.getloadavg()[0]
-        run([trl_python, os.path.join(args.peers_dir, "bench_trl.py"), "--model", model_dir,
-             "-W", str(args.warmup), "-N", str(args.steps), "--micro-batch", str(args.trl_micro_batch),
-             "--json-out", trl_json] + (["--bf16"] if precision == "bf16" else []),
-            os.path.join(work, f"trl_{precision}.log"),
-            env={"OMP_WAIT_POLICY": args.trl_omp_wait_policy} if args.trl_omp_wait_policy else None)
-        trl = json.loads(open(trl_json).read().splitlines()[-1])
-        trl["load_1m_start"], trl["load_1m_end"] = trl_load_before, os.getloadavg()[0]
-        ours["load_1m_before_run"] = load_before
+               "runs": {}, "ratios": {}, "round_ratios": {}}
+    precisions = args.precisions.split(",")
+    pairs = {precision: [] for precision in precisions}
+    for round_index in range(args.rounds):
+        for precision in precisions:
+            # Alternate who goes first, so a machine that drifts over the session favours neither.
+            pairs[precision].append(run_pair(args, work, model_dir, trl_python, prompts, precision,
+                                             round_index, ours_first=round_index % 2 == 0))
+    for precision, rounds in pairs.items():
+        per_round = [pair_ratios(ours, trl) for ours, trl in rounds]
+        representative = median_index([r["step_ours_over_trl"] for r in per_round])
+        ours, trl = rounds[representative]
         results["runs"][precision] = {"jaxrl_vr": {k: v for k, v in ours.items() if k != "steps"},
-                                      "jaxrl_vr_steps": ours["steps"], "trl": trl}
-        if trl.get("prompts_sha") != ours.get("prompts_sha"):
-            print(f"WARNING: prompt sets differ ({trl.get('prompts_sha')} vs {ours.get('prompts_sha')})")
-        trl_update = trl["median_step_s"] - trl["median_rollout_s"]
-        results["ratios"][precision] = {
-            "step_ours_over_trl": ours["median_step_s"] / trl["median_step_s"],
-            "update_ours_over_trl": ours["median_update_s"] / trl_update,
-            "rollout_speedup_vs_trl": trl["median_rollout_s"] / ours["median_rollout_s"],
-            "update_fraction_of_f32_peak": ours["update_fraction_of_matmul_peak"],
-            "peak_rss_mb_ours": ours["peak_rss_mb"],
-            "peak_rss_mb_trl": trl["peak_rss_mb"],
-        }
+                                      "jaxrl_vr_steps": ours["steps"], "trl": trl,
+                                      "round": representative}
+        results["round_ratios"][precision] = per_round
+        results["ratios"][precision] = {name: summarise([r[name] for r in per_round])
+                                        for name in per_round[0]}
     print(f"\n{'precision':>9} {'ours step':>9} {'TRL step':>9} {'ratio':>6} {'ours roll':>9} {'TRL roll':>9} "
           f"{'speedup':>7} {'ours upd':>8} {'TRL upd':>8} {'upd/peak':>8} {'RSS MB':>7} {'load':>5}")
     for precision, run_ in results["runs"].items():
-        o, t, r = run_["jaxrl_vr"], run_["trl"], results["ratios"][precision]
+        o, t = run_["jaxrl_vr"], run_["trl"]
+        r = {k: v["median"] for k, v in results["ratios"][precision].items()}
         print(f"{precision:>9} {o['median_step_s']:9.2f} {t['median_step_s']:9.2f} {r['step_ours_over_trl']:6.2f} "
               f"{o['median_rollout_s']:9.2f} {t['median_rollout_s']:9.2f} {r['rollout_speedup_vs_trl']:7.2f} "
               f"{o['median_update_s']:8.2f} {t['median_step_s'] - t['median_rollout_s']:8.2f} "
               f"{r['update_fraction_of_f32_peak']:8.2f} {o['peak_rss_mb']:7.0f} {o['load_1m_start']:5.1f}")
+    if args.rounds > 1:
+        print(f"\nmedian [min, max] over {args.rounds} rounds; the range covers the median ratio with "
+              f"probability {range_coverage(args.rounds):.0%} (distribution-free):")
+        for precision, ratios in results["ratios"].items():
+            print(f"{precision:>9} " + "  ".join(
+                f"{name} {v['median']:.2f} [{v['min']:.2f}, {v['max']:.2f}]" for name, v in ratios.items()
+                if not name.startswith("peak_rss")))
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
     print(f"-> {args.out} (logs in {work})")

@@ -1,0 +1,93 @@
+"""benchmarks/side_by_side.py: rounds alternate the running order; ratios as median [min, max].
+
+No peers or timing here: `run` is replaced by a fake that writes the JSON each peer would.
+"""
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "..", "..", "benchmarks", "side_by_side.py")
+
+
+@pytest.fixture()
+def side_by_side():
+    spec = importlib.util.spec_from_file_location("side_by_side_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_summarise_by_hand(side_by_side):
+    summary = side_by_side.summarise([0.5, 0.3, 0.4, 0.9])
+    assert summary["median"] == pytest.approx(0.45)  # mean of the middle pair 0.4, 0.5
+    assert (summary["min"], summary["max"], summary["n"]) == (0.3, 0.9, 4)
+    assert summary["range_coverage_of_median"] == pytest.approx(1 - 2 / 16)
+    assert side_by_side.summarise([0.7])["median"] == 0.7
+
+
+def test_range_coverage_is_distribution_free_order_statistics(side_by_side):
+    # P(min <= median <= max) = 1 - P(all above) - P(all below) = 1 - 2 * 2^-n.
+    assert side_by_side.range_coverage(1) == 0.0
+    assert side_by_side.range_coverage(3) == pytest.approx(0.75)
+    assert side_by_side.range_coverage(5) == pytest.approx(0.9375)
+
+
+def test_median_index_picks_the_middle_round(side_by_side):
+    assert side_by_side.median_index([0.9, 0.4, 0.5]) == 2
+    assert side_by_side.median_index([0.9, 0.4, 0.5, 0.1]) == 1  # lower middle of 0.4, 0.5
+
+
+def test_pair_ratios_by_hand(side_by_side):
+    ours = {"median_step_s": 50.0, "median_update_s": 38.0, "median_rollout_s": 12.0,
+            "update_fraction_of_matmul_peak": 0.58, "peak_rss_mb": 5900.0}
+    trl = {"median_step_s": 100.0, "median_rollout_s": 30.0, "peak_rss_mb": 9000.0}
+    ratios = side_by_side.pair_ratios(ours, trl)
+    assert ratios["step_ours_over_trl"] == pytest.approx(0.5)
+    assert ratios["update_ours_over_trl"] == pytest.approx(38.0 / 70.0)
+    assert ratios["rollout_speedup_vs_trl"] == pytest.approx(2.5)
+    assert ratios["update_fraction_of_f32_peak"] == 0.58
+
+
+def test_rounds_alternate_order_and_summarise(side_by_side, tmp_path, monkeypatch):
+    peers_root = tmp_path / "peers"
+    (peers_root / "models" / "smollm2-135m").mkdir(parents=True)
+    (peers_root / "venv-trl" / "bin").mkdir(parents=True)
+    (peers_root / "venv-trl" / "bin" / "python").write_text("")
+    calls = []
+    our_steps = iter([50.0, 60.0, 40.0])  # step ratios 0.5, 0.6, 0.4 against TRL's 100 s
+
+    def fake_run(cmd, log_path, env=None):
+        script = os.path.basename(next(c for c in cmd if c.endswith(".py")))
+        out = cmd[cmd.index("--json" if script == "rl_step.py" else "--json-out" if script == "bench_trl.py"
+                            else "--out") + 1]
+        calls.append(script)
+        if script == "rl_step.py":
+            step = next(our_steps)
+            record = {"median_step_s": step, "median_update_s": step - 10.0, "median_rollout_s": 10.0,
+                      "update_fraction_of_matmul_peak": 0.6, "peak_rss_mb": 5000.0, "load_1m_start": 1.0,
+                      "prompts_sha": "abc", "steps": []}
+            with open(out, "w") as f:
+                json.dump(record, f)
+        elif script == "bench_trl.py":
+            with open(out, "w") as f:
+                f.write(json.dumps({"median_step_s": 100.0, "median_rollout_s": 30.0,
+                                    "peak_rss_mb": 9000.0, "prompts_sha": "abc"}) + "\n")
+        return 0.0
+
+    monkeypatch.setattr(side_by_side, "run", fake_run)
+    out = tmp_path / "result.json"
+    result = side_by_side.main(["--peers-root", str(peers_root), "--precisions", "fp32", "--rounds", "3",
+                                "--out", str(out)])
+    assert calls == ["prompts.py", "rl_step.py", "bench_trl.py", "bench_trl.py", "rl_step.py",
+                     "rl_step.py", "bench_trl.py"]
+    step = result["ratios"]["fp32"]["step_ours_over_trl"]
+    assert (step["median"], step["min"], step["max"]) == (0.5, 0.4, 0.6)
+    assert step["range_coverage_of_median"] == pytest.approx(0.75)
+    assert [r["step_ours_over_trl"] for r in result["round_ratios"]["fp32"]] == [0.5, 0.6, 0.4]
+    assert result["runs"]["fp32"]["round"] == 0  # the round with the median step ratio
+    assert result["runs"]["fp32"]["jaxrl_vr"]["ran_first"] is True
+    assert json.loads(out.read_text())["rounds"] == 3
