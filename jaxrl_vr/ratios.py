@@ -11,6 +11,8 @@ the backward pass holds a float32 [B, T, V] array:
   formed chunk by chunk from h @ W; each chunk body is under `jax.checkpoint`
   (`map_time_chunks`), so [B, T, V] logits never exist at all unless the caller asks for
   one chunk of the whole length (then nothing is recomputed in the backward pass).
+- per chunk, log π(y) and the entropy share one written-out backward pass
+  (`_logprob_and_entropy`) that keeps only the logits between the passes.
 
 References: GSPO, Zheng et al. 2025, arXiv 2507.18071 (sequence-level ratio).
 """
@@ -287,16 +289,61 @@ def _check_tokens(tokens_bt: jax.Array, batch_length: tuple[int, int], name: str
 
 def _logprob_and_entropy(logits_bcv: jax.Array, tokens_bc: jax.Array,
                          with_entropy: bool) -> tuple[jax.Array, jax.Array | None]:
-    """float32 log π(token) (and entropy) of one chunk; logits already float32."""
-    vocab = logits_bcv.shape[-1]
-    # Out-of-range ids (e.g. -1 padding) are clipped so they give a finite, maskable value.
-    tokens_bc = jnp.clip(tokens_bc, 0, vocab - 1)
-    logsumexp_bc = jax.nn.logsumexp(logits_bcv, axis=-1)
+    """float32 log π(token) (and entropy) of one chunk; logits already float32.
+
+    With m = max_v z (held constant), e = exp(z − m) and s = Σ_v e:
+        log π(y) = z_y − (m + log s),     H = log s − Σ_v e·(z − m) / s,
+    the second being −Σ p log p with p = e / s (terms with e = 0, e.g. −inf logits, add 0).
+    The backward pass is written out (`_logprob_entropy_bwd`): it keeps only the logits
+    and three per-token numbers, and forms dz in one elementwise pass over V,
+        dz = p·(−ḡ_logp − ḡ_H·(log p + H)) + ḡ_logp·onehot(y).
+    JAX's own derivative of logsumexp plus entropy kept further [B, c, V] intermediates
+    alive until the backward pass (191 MB more in the SmolLM2 update; docs/performance.md,
+    perf15).
+    """
+    tokens_bc = jnp.clip(tokens_bc, 0, logits_bcv.shape[-1] - 1)
+    return _logprob_entropy(with_entropy, logits_bcv, tokens_bc)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _logprob_entropy(with_entropy, logits_bcv, tokens_bc):
+    return _logprob_entropy_fwd(with_entropy, logits_bcv, tokens_bc)[0]
+
+
+def _logprob_entropy_fwd(with_entropy, logits_bcv, tokens_bc):
+    max_bc = jnp.max(logits_bcv, axis=-1)
+    max_bc = jax.lax.stop_gradient(jnp.where(jnp.isfinite(max_bc), max_bc, 0.0))
+    shifted_bcv = logits_bcv - max_bc[..., None]
+    exp_bcv = jnp.exp(shifted_bcv)
+    sum_bc = jnp.sum(exp_bcv, axis=-1)
+    log_sum_bc = jnp.log(sum_bc)
+    logsumexp_bc = max_bc + log_sum_bc
     token_logit_bc = jnp.take_along_axis(logits_bcv, tokens_bc[..., None], axis=-1)[..., 0]
     logp_bc = token_logit_bc - logsumexp_bc
-    if not with_entropy:
-        return logp_bc, None
-    return logp_bc, entropy_from_logsumexp(logits_bcv, logsumexp_bc)
+    entropy_bc = None
+    if with_entropy:
+        weighted_bc = jnp.sum(jnp.where(exp_bcv > 0, exp_bcv * shifted_bcv, 0.0), axis=-1)
+        entropy_bc = log_sum_bc - weighted_bc / sum_bc
+    return (logp_bc, entropy_bc), (logits_bcv, tokens_bc, logsumexp_bc, entropy_bc)
+
+
+def _logprob_entropy_bwd(with_entropy, residuals, cotangents):
+    logits_bcv, tokens_bc, logsumexp_bc, entropy_bc = residuals
+    g_logp_bc, g_entropy_bc = cotangents
+    logp_bcv = logits_bcv - logsumexp_bc[..., None]
+    p_bcv = jnp.exp(logp_bcv)
+    scale_bcv = -g_logp_bc[..., None]
+    if with_entropy:
+        # dH/dz_v = −p_v (log p_v + H); p_v = 0 terms (−inf logits) get 0, not 0·inf.
+        scale_bcv = scale_bcv - g_entropy_bc[..., None] * jnp.where(
+            p_bcv > 0, logp_bcv + entropy_bc[..., None], 0.0)
+    vocab_v = jax.lax.broadcasted_iota(tokens_bc.dtype, logits_bcv.shape, logits_bcv.ndim - 1)
+    onehot_bcv = vocab_v == tokens_bc[..., None]
+    d_logits_bcv = p_bcv * scale_bcv + jnp.where(onehot_bcv, g_logp_bc[..., None], 0.0)
+    return d_logits_bcv, None
+
+
+_logprob_entropy.defvjp(_logprob_entropy_fwd, _logprob_entropy_bwd)
 
 
 def entropy_from_logsumexp(logits_bcv: jax.Array, logsumexp_bc: jax.Array) -> jax.Array:
