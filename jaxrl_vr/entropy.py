@@ -52,10 +52,8 @@ def entropy_from_logits(logits_btv: jax.Array, *, chunk_size: int | None = None)
 
 
 def _upcast_entropy(logits_bcv: jax.Array, tokens_bc: jax.Array) -> tuple[jax.Array]:
-    del tokens_bc  # map_logits_chunks passes tokens; entropy does not need them.
-    logits_bcv = logits_bcv.astype(jnp.float32)
-    logsumexp_bc = jax.nn.logsumexp(logits_bcv, axis=-1)
-    return (ratios.entropy_from_logsumexp(logits_bcv, logsumexp_bc),)
+    _, entropy_bc = ratios.logprob_and_entropy(logits_bcv.astype(jnp.float32), tokens_bc, True)
+    return (entropy_bc,)
 
 
 class EntropyControllerState(NamedTuple):

@@ -12,7 +12,7 @@ the backward pass holds a float32 [B, T, V] array:
   (`map_time_chunks`), so [B, T, V] logits never exist at all unless the caller asks for
   one chunk of the whole length (then nothing is recomputed in the backward pass).
 - per chunk, log π(y) and the entropy share one written-out backward pass
-  (`_logprob_and_entropy`) that keeps only the logits between the passes.
+  (`logprob_and_entropy`) that keeps only the logits between the passes.
 
 References: GSPO, Zheng et al. 2025, arXiv 2507.18071 (sequence-level ratio).
 """
@@ -287,9 +287,12 @@ def _check_tokens(tokens_bt: jax.Array, batch_length: tuple[int, int], name: str
         raise TypeError(f"tokens_bt must be an integer array, got {tokens_bt.dtype}.")
 
 
-def _logprob_and_entropy(logits_bcv: jax.Array, tokens_bc: jax.Array,
-                         with_entropy: bool) -> tuple[jax.Array, jax.Array | None]:
-    """float32 log π(token) (and entropy) of one chunk; logits already float32.
+def logprob_and_entropy(logits_bcv: jax.Array, tokens_bc: jax.Array,
+                        with_entropy: bool) -> tuple[jax.Array, jax.Array | None]:
+    """float32 log π(token) (and entropy H = −Σ p log p) of float32 logits [..., V] (**contract**).
+
+    The one home of both formulas (`entropy.entropy_from_logits` calls it too). Token ids
+    outside [0, V) are clipped (mask them).
 
     With m = max_v z (held constant), e = exp(z − m) and s = Σ_v e:
         log π(y) = z_y − (m + log s),     H = log s − Σ_v e·(z − m) / s,
@@ -346,18 +349,6 @@ def _logprob_entropy_bwd(with_entropy, residuals, cotangents):
 _logprob_entropy.defvjp(_logprob_entropy_fwd, _logprob_entropy_bwd)
 
 
-def entropy_from_logsumexp(logits_bcv: jax.Array, logsumexp_bc: jax.Array) -> jax.Array:
-    """Entropy H = −Σ_v p_v log p_v from float32 logits [..., V] and their logsumexp [...].
-
-    log p = z − logsumexp(z); terms with p_v = 0 (e.g. −inf logits) contribute exactly 0,
-    with zero gradient. Returns [...] float32.
-    """
-    logp_bcv = logits_bcv - logsumexp_bc[..., None]
-    p_bcv = jnp.exp(logp_bcv)
-    safe_logp_bcv = jnp.where(p_bcv > 0, logp_bcv, 0.0)
-    return -jnp.sum(p_bcv * safe_logp_bcv, axis=-1)
-
-
 def token_logprobs(logits_btv: jax.Array, tokens_bt: jax.Array, *,
                    chunk_size: int | None = None) -> jax.Array:
     """float32 log π(token_bt) from logits of any float dtype (SPEC §3.4, **contract**).
@@ -389,7 +380,7 @@ def token_logprobs(logits_btv: jax.Array, tokens_bt: jax.Array, *,
 
 
 def _upcast_token_logprobs(logits_bcv: jax.Array, tokens_bc: jax.Array) -> tuple[jax.Array]:
-    logp_bc, _ = _logprob_and_entropy(logits_bcv.astype(jnp.float32), tokens_bc, False)
+    logp_bc, _ = logprob_and_entropy(logits_bcv.astype(jnp.float32), tokens_bc, False)
     return (logp_bc,)
 
 
@@ -448,7 +439,7 @@ def token_logprobs_from_hidden(
     def chunk_fn(hidden_bcd, tokens_bc):
         logits_bcv = mixed_einsum("bcd,dv->bcv", hidden_bcd, unembed_dv, dtype=compute_dtype,
                                   precision=precision)
-        return _logprob_and_entropy(logits_bcv, tokens_bc, with_entropy)
+        return logprob_and_entropy(logits_bcv, tokens_bc, with_entropy)
 
     return map_time_chunks(chunk_fn, (hidden_btd, tokens_bt), chunk_size)
 
