@@ -17,8 +17,9 @@ state, bf16 matmul operands with float32 accumulation (``set_compute_dtype(model
 "bfloat16")``). Reported (JSON): median step / rollout / update seconds over the timed steps,
 generated tokens/s, peak RSS, this run's dense float32 matmul peak (and the bf16-operand /
 f32-accumulation peak), the update's analytic model FLOP/s as a fraction of the f32 peak,
-and the 1-minute load average before and after (the machine may be shared). A benchmark,
-never a test.
+the update's minor page faults and kernel seconds, GLIBC_TUNABLES and XLA_FLAGS, and the
+1-minute load average before and after (the machine may be shared). A benchmark, never a
+test.
 """
 
 from __future__ import annotations
@@ -62,6 +63,17 @@ def peak_rss_mb() -> float:
 
 def load_average() -> float:
     return os.getloadavg()[0]
+
+
+def process_counters() -> tuple[int, float]:
+    """(minor page faults, kernel CPU seconds) of this process so far, all threads.
+
+    XLA:CPU maps each execution's temporaries afresh, so every update first-touches them:
+    the fault count per update is ~(temporary bytes) / (page size), and the kernel seconds
+    are what those faults cost (docs/performance.md, "perf16").
+    """
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_minflt, usage.ru_stime
 
 
 def matmul_peak_flops(dtype=jnp.float32, repeats: int = 6) -> float:
@@ -179,10 +191,14 @@ def main(argv=None) -> dict:
                              rollout.logp_bt,  # unused: detach_behaviour
                              rollout.logp_bt,  # unused: β = 0
                              jnp.zeros((tokens_bt.shape[0],), jnp.float32))  # no PBA weight
+        faults_before, sys_before = process_counters()
         state, metrics = train_step(state, batch, hyper)
         loss = float(metrics["loss"])  # blocks
         t2 = time.perf_counter()
+        faults_after, sys_after = process_counters()
         records.append({"step_s": t2 - t0, "rollout_s": t1 - t0, "update_s": t2 - t1, "loss": loss,
+                        "update_minor_faults": faults_after - faults_before,
+                        "update_kernel_s": sys_after - sys_before,
                         "gen_tokens": int(np.asarray(rollout.mask_bt).sum()),
                         "prompt_tokens": int(prompt_ps.shape[1]), "load_1m": load_average(),
                         "phase": "warmup" if step < args.warmup else "timed"})
@@ -216,11 +232,14 @@ def main(argv=None) -> dict:
         "update_gflop": flops / 1e9,
         "update_gflops_achieved": flops / update_s / 1e9,
         "update_fraction_of_matmul_peak": flops / update_s / peak_f32,
+        "median_update_minor_faults": median("update_minor_faults"),
+        "median_update_kernel_s": median("update_kernel_s"),
         "load_1m_start": load_start,
         "load_1m_end": load_average(),
         "cpu_count": os.cpu_count(),
         "jax": jax.__version__,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
         "steps": records,
     }
     print(json.dumps({k: v for k, v in result.items() if k != "steps"}), flush=True)

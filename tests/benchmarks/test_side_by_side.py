@@ -6,6 +6,7 @@ No peers or timing here: `run` is replaced by a fake that writes the JSON each p
 import importlib.util
 import json
 import os
+import sys
 
 import pytest
 
@@ -79,6 +80,7 @@ def test_rounds_alternate_order_and_summarise(side_by_side, tmp_path, monkeypatc
         return 0.0
 
     monkeypatch.setattr(side_by_side, "run", fake_run)
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
     out = tmp_path / "result.json"
     result = side_by_side.main(["--peers-root", str(peers_root), "--precisions", "fp32", "--rounds", "3",
                                 "--out", str(out)])
@@ -91,3 +93,17 @@ def test_rounds_alternate_order_and_summarise(side_by_side, tmp_path, monkeypatc
     assert result["runs"]["fp32"]["round"] == 0  # the round with the median step ratio
     assert result["runs"]["fp32"]["jaxrl_vr"]["ran_first"] is True
     assert json.loads(out.read_text())["rounds"] == 3
+    assert result["glibc_tunables"] == "glibc.malloc.hugetlb=1"
+
+
+def test_both_peers_inherit_the_environment(side_by_side, tmp_path, monkeypatch):
+    # `make bench-rl-step` sets GLIBC_TUNABLES for the harness; TRL's run adds its own
+    # OMP_WAIT_POLICY on top and must still see it, like our run does.
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
+    show = [sys.executable, "-c", "import os; print(os.environ.get('GLIBC_TUNABLES'), "
+                                  "os.environ.get('OMP_WAIT_POLICY'))"]
+    for env, expected in ((None, "glibc.malloc.hugetlb=1 None"),
+                          ({"OMP_WAIT_POLICY": "PASSIVE"}, "glibc.malloc.hugetlb=1 PASSIVE")):
+        log = tmp_path / "peer.log"
+        side_by_side.run(show, str(log), env=env)
+        assert log.read_text().strip() == expected
