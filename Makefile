@@ -8,14 +8,6 @@ STAMP := $(VENV)/.installed
 WORKDIR ?= runs/default
 CONFIG ?= experiments/configs/default.py
 PYTEST_ARGS ?=
-# Transparent huge pages for glibc malloc's large blocks (glibc >= 2.35; ignored by older
-# glibc and where THP is off). XLA:CPU maps every execution's temporaries afresh (2.9 GB for
-# the SmolLM2 update): with 4 KiB pages that is ~707k page faults and ~1.5 s of kernel time
-# per update, with 2 MiB pages ~2k (docs/performance.md, "perf16"). Applied to `make run`
-# and the benchmarks (both peers of a side by side); your own GLIBC_TUNABLES wins, and
-# `make run GLIBC_TUNABLES=` turns it off.
-GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
-RUN_ENV = GLIBC_TUNABLES='$(GLIBC_TUNABLES)'
 ARGS ?=
 
 .PHONY: setup run test test-fast smollm2 bench-decode bench-verifiers bench-rl-step bench-sim clean-venv
@@ -29,7 +21,7 @@ $(STAMP): setup.cfg pyproject.toml
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(RUN_ENV) $(PY) -m experiments.train --config=$(CONFIG) --workdir=$(WORKDIR) $(ARGS)
+	$(PY) -m experiments.train --config=$(CONFIG) --workdir=$(WORKDIR) $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup $(PYTEST_ARGS)
@@ -45,7 +37,7 @@ smollm2: $(STAMP)
 bench-decode: $(STAMP)
 	bash $(PEERS_DIR)/setup.sh trl
 	bash $(PEERS_DIR)/setup.sh models
-	$(RUN_ENV) $(PY) benchmarks/decode.py
+	$(PY) benchmarks/decode.py
 
 bench-sim: $(STAMP)
 	$(PY) benchmarks/sim.py
@@ -59,7 +51,7 @@ PEERS_DIR ?= ../shared/peers
 bench-rl-step: $(STAMP)
 	bash $(PEERS_DIR)/setup.sh trl
 	bash $(PEERS_DIR)/setup.sh models
-	$(RUN_ENV) $(PY) benchmarks/side_by_side.py --peers-dir $(PEERS_DIR) $(ARGS)
+	$(PY) benchmarks/side_by_side.py --peers-dir $(PEERS_DIR) $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -12,8 +12,8 @@ Needs the peer venv and model (`bash ../shared/peers/setup.sh trl && bash
     python benchmarks/side_by_side.py [--precisions fp32,bf16] [--warmup 1 --steps 2] \\
         [--rounds 3] [--out benchmarks/rl_step_results.json]
 
-Both peers inherit this process's environment, so `make bench-rl-step`'s GLIBC_TUNABLES
-(transparent huge pages for malloc, docs/performance.md "perf16") applies to TRL as well.
+Both peers inherit this process's environment, so an exported GLIBC_TUNABLES (for example
+transparent huge pages for malloc, docs/performance.md "perf16") applies to TRL as well.
 
 Targets (issue 12): fp32 step ≤ 0.6 × TRL fp32; update ≥ 60 % of the same run's f32 matmul
 peak; bf16 step ≤ 0.6 × TRL bf16 (CPUs with bf16 units); rollout ≥ 2 × TRL's generation
@@ -160,7 +160,7 @@ def main(argv=None) -> dict:
 
     results = {"cpu": cpu_flags(), "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds,
                "trl_micro_batch": args.trl_micro_batch, "trl_omp_wait_policy": args.trl_omp_wait_policy,
-               # Inherited by both peers' processes (`make bench-rl-step` sets glibc.malloc.hugetlb=1).
+               # Inherited by both peers' processes.
                "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
                "runs": {}, "ratios": {}, "round_ratios": {}}
     precisions = args.precisions.split(",")

@@ -97,8 +97,8 @@ def test_rounds_alternate_order_and_summarise(side_by_side, tmp_path, monkeypatc
 
 
 def test_both_peers_inherit_the_environment(side_by_side, tmp_path, monkeypatch):
-    # `make bench-rl-step` sets GLIBC_TUNABLES for the harness; TRL's run adds its own
-    # OMP_WAIT_POLICY on top and must still see it, like our run does.
+    # An exported GLIBC_TUNABLES reaches both peers: TRL's run adds its own OMP_WAIT_POLICY
+    # on top and must still see it, like our run does.
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
     show = [sys.executable, "-c", "import os; print(os.environ.get('GLIBC_TUNABLES'), "
                                   "os.environ.get('OMP_WAIT_POLICY'))"]
