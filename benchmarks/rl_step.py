@@ -69,8 +69,9 @@ def process_counters() -> tuple[int, float]:
     """(minor page faults, kernel CPU seconds) of this process so far, all threads.
 
     XLA:CPU maps each execution's temporaries afresh, so every update first-touches them:
-    the fault count per update is ~(temporary bytes) / (page size), and the kernel seconds
-    are what those faults cost (docs/performance.md, "perf16").
+    the fault count per update is ~(temporary bytes) / (page size). The kernel seconds
+    include what those faults cost, and more: inside this benchmark they read 6-8 s per
+    SmolLM2 update with or without huge pages (docs/performance.md, "perf16").
     """
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_minflt, usage.ru_stime
