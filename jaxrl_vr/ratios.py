@@ -315,7 +315,7 @@ def _logprob_entropy(with_entropy, logits_bcv, tokens_bc):
 
 def _logprob_entropy_fwd(with_entropy, logits_bcv, tokens_bc):
     max_bc = jnp.max(logits_bcv, axis=-1)
-    max_bc = jax.lax.stop_gradient(jnp.where(jnp.isfinite(max_bc), max_bc, 0.0))
+    max_bc = jnp.where(jnp.isfinite(max_bc), max_bc, 0.0)  # all −inf row: shift by 0, not NaN
     shifted_bcv = logits_bcv - max_bc[..., None]
     exp_bcv = jnp.exp(shifted_bcv)
     sum_bc = jnp.sum(exp_bcv, axis=-1)
