@@ -20,6 +20,10 @@ f32-accumulation peak), the update's analytic model FLOP/s as a fraction of the 
 the update's minor page faults and kernel seconds, GLIBC_TUNABLES and XLA_FLAGS, and the
 1-minute load average before and after (the machine may be shared). A benchmark, never a
 test.
+
+Like ``experiments.train``, it calls ``jaxrl_vr.host_memory.keep_host_memory()`` first, so
+the process keeps the memory XLA frees (docs/performance.md, "perf17");
+``--release-host-memory`` measures JAX's default instead.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from flax import nnx
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jaxrl_vr import advantages  # noqa: E402
+from jaxrl_vr.host_memory import keep_host_memory  # noqa: E402
 from jaxrl_vr.models import from_pretrained, load_tokenizer, set_compute_dtype  # noqa: E402
 from jaxrl_vr.sampling import generate  # noqa: E402
 from jaxrl_vr.train import (  # noqa: E402
@@ -68,10 +73,11 @@ def load_average() -> float:
 def process_counters() -> tuple[int, float]:
     """(minor page faults, kernel CPU seconds) of this process so far, all threads.
 
-    XLA:CPU maps each execution's temporaries afresh, so every update first-touches them:
-    the fault count per update is ~(temporary bytes) / (page size). The kernel seconds
-    include what those faults cost, and more: inside this benchmark they read 6-8 s per
-    SmolLM2 update with or without huge pages (docs/performance.md, "perf16").
+    With ``--release-host-memory`` XLA:CPU maps each execution's temporaries afresh, so
+    every update first-touches them: ~(temporary bytes) / (page size) faults, and 5-8 s of
+    kernel time per SmolLM2 update once a rollout has run in between (the kernel zeroes the
+    pages; the VM's host has reclaimed them). With ``keep_host_memory()`` both are ~0
+    (docs/performance.md, "perf17").
     """
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_minflt, usage.ru_stime
@@ -148,8 +154,12 @@ def main(argv=None) -> dict:
                         help="LM-head log-softmax time chunk; 0 = one chunk of the whole response, which "
                              "is not rematerialised (measured faster than 16 in docs/performance.md)")
     parser.add_argument("--remat", action="store_true", help="recompute each block in the backward pass")
+    parser.add_argument("--release-host-memory", action="store_true",
+                        help="let glibc return XLA's freed buffers to the kernel (the JAX default) "
+                             "instead of jaxrl_vr.host_memory.keep_host_memory()")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
+    host_memory = None if args.release_host_memory else keep_host_memory()  # before any computation
 
     load_start = load_average()
     with open(args.prompts_file) as f:
@@ -241,6 +251,8 @@ def main(argv=None) -> dict:
         "jax": jax.__version__,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
+        "keep_host_memory": bool(host_memory and host_memory.kept),
+        "host_memory": host_memory.reason if host_memory else "released (JAX default)",
         "steps": records,
     }
     print(json.dumps({k: v for k, v in result.items() if k != "steps"}), flush=True)
