@@ -22,6 +22,7 @@ from typing import NoReturn
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from jaxrl_vr.host_memory import HostMemoryPolicy, keep_host_memory
 from jaxrl_vr.train.loop import RunInterrupted, VerifierFailure
 from jaxrl_vr.train.pipeline import PipelineConfig, WorkdirError, run_pipeline
 
@@ -189,6 +190,16 @@ def config_from_flags(config) -> PipelineConfig:
         fail(str(err))
 
 
+def apply_host_memory(cfg: PipelineConfig) -> HostMemoryPolicy | None:
+    """``run.keep_host_memory``: keep XLA's freed host memory; must precede any computation."""
+    if not cfg.run.keep_host_memory:
+        return None
+    policy = keep_host_memory()
+    if not policy.kept:
+        print(f"note: host memory not kept: {policy.reason}", file=sys.stderr, flush=True)
+    return policy
+
+
 def main(argv):
     if len(argv) > 1:
         fail(f"unexpected arguments: {argv[1:]}; options are --config=... --workdir=... --config.<key>=...")
@@ -201,6 +212,7 @@ def main(argv):
     problem = workdir_problem(_WORKDIR.value)
     if problem:
         fail(problem)
+    apply_host_memory(cfg)
     try:
         run_pipeline(cfg, _WORKDIR.value, reevaluate=_REEVALUATE.value)
     except WorkdirError as err:

@@ -1,0 +1,84 @@
+"""keep_host_memory: freed XLA buffers are reused instead of faulted in again; late calls change nothing."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import pytest
+
+from experiments import train as train_cli
+from jaxrl_vr import host_memory
+from jaxrl_vr.train.config import PipelineConfig, RunConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAGES = 128 * 2**20 // 4096  # one 128 MB output buffer, in 4 KiB pages (above glibc's 32 MB mmap cap)
+
+# Each call allocates a fresh 128 MB output, which is then deleted. The process reports the
+# minor page faults of every call. A freed buffer comes back to the allocator a call or two
+# late, so only the last calls show the steady state.
+PROBE = textwrap.dedent("""
+    import json, resource, sys, time
+    import jax, jax.numpy as jnp
+    from jaxrl_vr.host_memory import keep_host_memory
+    policy = keep_host_memory() if sys.argv[1] == "keep" else None
+    f = jax.jit(lambda x: jnp.sin(x) * 2.0)
+    x = jnp.ones((32, 1024, 1024), jnp.float32)
+    faults = []
+    for _ in range(8):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        y = f(x)
+        y.block_until_ready()
+        y.delete()
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        time.sleep(0.1)
+    print(json.dumps({"kept": bool(policy and policy.kept), "faults": faults}))
+""")
+
+
+def run_probe(mode: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "GLIBC_TUNABLES")}
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+    proc = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, env=env,
+                          timeout=300, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(host_memory._glibc() is None, reason="glibc malloc only")
+def test_kept_memory_is_reused_and_released_memory_is_faulted_in_every_call():
+    kept, released = run_probe("keep"), run_probe("release")
+    assert kept["kept"] and not released["kept"]
+    # JAX's default: every 128 MB output is a fresh mmap, first-touched page by page.
+    assert all(f >= 0.9 * PAGES for f in released["faults"][-3:]), released
+    # Kept: the freed block is reused, so the steady-state calls fault (almost) nothing.
+    assert all(f <= 0.05 * PAGES for f in kept["faults"][-3:]), kept
+
+
+def test_a_call_after_the_cpu_client_exists_warns_and_changes_nothing():
+    jax.devices()  # builds the CPU client with asynchronous dispatch on
+    assert jax.config.read("jax_cpu_enable_async_dispatch")
+    with pytest.warns(RuntimeWarning, match="before the first JAX computation"):
+        policy = host_memory.keep_host_memory()
+    assert not policy.kept and "before the first JAX computation" in policy.reason
+    assert jax.config.read("jax_cpu_enable_async_dispatch")
+
+
+def test_without_glibc_nothing_changes(monkeypatch):
+    monkeypatch.setattr(host_memory.platform, "libc_ver", lambda: ("", ""))
+    policy = host_memory.keep_host_memory()
+    assert not policy.kept and policy.reason.startswith("not glibc")
+    assert jax.config.read("jax_cpu_enable_async_dispatch")
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_the_train_cli_follows_run_keep_host_memory(monkeypatch, keep):
+    calls = []
+    monkeypatch.setattr(train_cli, "keep_host_memory",
+                        lambda: calls.append(1) or host_memory.HostMemoryPolicy(True, "kept"))
+    cfg = PipelineConfig(run=RunConfig(keep_host_memory=keep))
+    policy = train_cli.apply_host_memory(cfg)
+    assert calls == ([1] if keep else [])
+    assert (policy is not None) == keep
+    assert PipelineConfig().run.keep_host_memory, "on by default"
