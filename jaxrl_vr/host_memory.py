@@ -37,6 +37,7 @@ import jax
 # mallopt parameter numbers (glibc malloc.h).
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
+_GLIBC_DEFAULT_MMAP_MAX = 65536
 _NEVER = -1  # mallopt takes an int; glibc widens -1 to SIZE_MAX for the trim threshold
 
 
@@ -85,7 +86,10 @@ def keep_host_memory() -> HostMemoryPolicy:
                   "jaxrl_vr.host_memory.keep_host_memory() before the first JAX computation")
         warnings.warn(reason, RuntimeWarning, stacklevel=2)
         return HostMemoryPolicy(False, reason)
+    if libc.mallopt(M_MMAP_MAX, 0) != 1:
+        return HostMemoryPolicy(False, "glibc mallopt refused M_MMAP_MAX; nothing changed")
+    if libc.mallopt(M_TRIM_THRESHOLD, _NEVER) != 1:
+        libc.mallopt(M_MMAP_MAX, _GLIBC_DEFAULT_MMAP_MAX)  # all or nothing
+        return HostMemoryPolicy(False, "glibc mallopt refused M_TRIM_THRESHOLD; nothing changed")
     jax.config.update("jax_cpu_enable_async_dispatch", False)
-    if libc.mallopt(M_MMAP_MAX, 0) != 1 or libc.mallopt(M_TRIM_THRESHOLD, _NEVER) != 1:
-        return HostMemoryPolicy(False, "glibc mallopt refused M_MMAP_MAX / M_TRIM_THRESHOLD")
     return HostMemoryPolicy(True, "inline CPU dispatch; glibc keeps freed memory (no mmap, no trim)")
