@@ -12,9 +12,13 @@ Cases:
   long: one real prompt × G = 8 samples at temperature 1 (no top-k/top-p), 512 new tokens,
     EOS allowed (a sequence ends at EOS; the call ends when all have or at 512).
 Tokens/s = generated tokens (up to and including EOS) / wall time of one call, median of
---repeats calls after a warm-up call (compilation excluded, reported as first_call_s). The
-1-minute load average is recorded before and after each side: on a shared machine only the
-ratios of runs made back to back mean anything.
+--repeats calls after a warm-up call (compilation excluded, reported as first_call_s). Every
+case runs in a fresh process on each side, so ``peak_rss_mb`` (the process's high-water mark:
+weights, compiled program, KV cache and every intermediate) belongs to that case alone. Ours
+calls ``keep_host_memory()`` first, as ``experiments.train`` and ``rl_step.py`` do
+(``--release-host-memory`` measures JAX's default). The 1-minute load average is recorded
+before and after each side: on a shared machine only the ratios of runs made back to back mean
+anything.
 
     python benchmarks/decode.py --model-dir $PEERS_ROOT/models/smollm2-135m \\
         [--precisions fp32,bf16] [--batches 1,8,64] [--new-tokens 64] [--long-new-tokens 512] \\
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -54,6 +59,10 @@ def make_cases(args, tokenizer) -> list[dict]:
     return cases
 
 
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
 def time_calls(run, repeats: int) -> dict:
     start = time.perf_counter()
     run()
@@ -66,19 +75,23 @@ def time_calls(run, repeats: int) -> dict:
         generated.append(count)
     median_s = statistics.median(seconds)
     return {"first_call_s": first, "seconds_all": seconds, "generated_all": generated, "seconds": median_s,
-            "tokens_per_s": statistics.median(generated) / median_s, "tokens": tokens}
+            "tokens_per_s": statistics.median(generated) / median_s, "tokens": tokens,
+            "peak_rss_mb": peak_rss_mb()}
 
 
 def jax_side(args, cases) -> dict:
+    sys.path.insert(0, os.path.dirname(HERE))
+    from jaxrl_vr.host_memory import keep_host_memory
+
+    host_memory = None if args.release_host_memory else keep_host_memory()  # before any computation
     import jax
 
-    sys.path.insert(0, os.path.dirname(HERE))
     from jaxrl_vr.models import from_pretrained, set_compute_dtype
     from jaxrl_vr.sampling import generate
 
     model = set_compute_dtype(from_pretrained(args.model_dir), "bfloat16" if args.precision == "bf16" else None)
     eos = model.config.eos_token_ids
-    out = {"jax": jax.__version__}
+    out = {"jax": jax.__version__, "keep_host_memory": bool(host_memory and host_memory.kept)}
     for case in cases:
         tokens_ps = np.asarray(case["prompts"], np.int32)
         mask_ps = np.ones_like(tokens_ps, bool)
@@ -154,6 +167,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--long-new-tokens", type=int, default=512, help="0 skips the long-response case")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=os.path.join(HERE, "decode_results.json"))
+    parser.add_argument("--release-host-memory", action="store_true",
+                        help="ours: JAX's default host memory handling instead of keep_host_memory()")
     parser.add_argument("--side", choices=("jax", "torch"), help=argparse.SUPPRESS)  # child process
     parser.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
     parser.add_argument("--cases", help=argparse.SUPPRESS)
@@ -166,28 +181,33 @@ def main(argv=None) -> dict:
     from jaxrl_vr.models import load_tokenizer
 
     work = tempfile.mkdtemp(prefix="decode_")
-    cases_path = os.path.join(work, "cases.json")
     cases = make_cases(args, load_tokenizer(args.model_dir))
-    with open(cases_path, "w") as f:
-        json.dump(cases, f)
     report = {"model": os.path.basename(os.path.normpath(args.model_dir)), "cpu_count": os.cpu_count(),
               "repeats": args.repeats, "cases": {c["name"]: {k: v for k, v in c.items() if k != "prompts"}
                                                  for c in cases}, "runs": {}}
     for precision in args.precisions.split(","):
-        sides = {}
-        for side, python in (("jax", sys.executable), ("torch", args.torch_python)):
-            out_path = os.path.join(work, f"{side}_{precision}.json")
-            print(f"=== {side} {precision} ===", flush=True)
-            subprocess.run([python, os.path.abspath(__file__), "--side", side, "--precision", precision,
-                            "--cases", cases_path, "--child-out", out_path, "--model-dir", args.model_dir,
-                            "--repeats", str(args.repeats)], check=True)
-            with open(out_path) as f:
-                sides[side] = json.load(f)
+        sides = {"jax": {}, "torch": {}}
+        for case in cases:  # one fresh process per case and side: the peak RSS is that case's own
+            cases_path = os.path.join(work, f"case_{case['name']}.json")
+            with open(cases_path, "w") as f:
+                json.dump([case], f)
+            for side, python in (("jax", sys.executable), ("torch", args.torch_python)):
+                out_path = os.path.join(work, f"{side}_{precision}_{case['name']}.json")
+                print(f"=== {side} {precision} {case['name']} ===", flush=True)
+                extra = ["--release-host-memory"] if args.release_host_memory and side == "jax" else []
+                subprocess.run([python, os.path.abspath(__file__), "--side", side, "--precision", precision,
+                                "--cases", cases_path, "--child-out", out_path, "--model-dir", args.model_dir,
+                                "--repeats", str(args.repeats), *extra], check=True)
+                with open(out_path) as f:
+                    result = json.load(f)
+                for key, value in result.items():  # case results by name; process facts keyed per case
+                    sides[side][key if key == case["name"] else f"{key}_{case['name']}"] = value
         rows = {}
         for case in cases:
             j, t = sides["jax"][case["name"]], sides["torch"][case["name"]]
             rows[case["name"]] = {"jax_tokens_per_s": j["tokens_per_s"], "torch_tokens_per_s": t["tokens_per_s"],
                                   "ratio": j["tokens_per_s"] / t["tokens_per_s"],
+                                  "jax_peak_rss_mb": j["peak_rss_mb"], "torch_peak_rss_mb": t["peak_rss_mb"],
                                   "first8_token_agreement": float(np.mean(np.asarray(j["tokens"]) ==
                                                                           np.asarray(t["tokens"])))
                                   if case["greedy"] else None,
@@ -195,11 +215,12 @@ def main(argv=None) -> dict:
                                   "torch": {k: v for k, v in t.items() if k != "tokens"}}
         report["runs"][precision] = {"cases": rows, **{f"{s}_{k}": v for s in sides for k, v in sides[s].items()
                                                        if not isinstance(v, dict)}}
-    print(f"\n{'precision':>9} {'case':>8} {'jax tok/s':>10} {'torch tok/s':>12} {'ratio':>6}")
+    print(f"\n{'precision':>9} {'case':>8} {'jax tok/s':>10} {'torch tok/s':>12} {'ratio':>6} "
+          f"{'jax MiB':>8} {'torch MiB':>9}")
     for precision, run in report["runs"].items():
         for name, row in run["cases"].items():
             print(f"{precision:>9} {name:>8} {row['jax_tokens_per_s']:10.1f} {row['torch_tokens_per_s']:12.1f} "
-                  f"{row['ratio']:6.2f}")
+                  f"{row['ratio']:6.2f} {row['jax_peak_rss_mb']:8.0f} {row['torch_peak_rss_mb']:9.0f}")
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
     print(f"wrote {args.out}")

@@ -267,6 +267,26 @@ def generate(key: jax.Array, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *
     Returns:
       Rollout with [B, max_new_tokens] responses (see `Rollout`).
     """
+    core_args, core_kwargs = generate_core_call(
+        key, model, prompt_tokens_ps, prompt_mask_ps, num_samples=num_samples, max_new_tokens=max_new_tokens,
+        temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy, stop_token_ids=stop_token_ids,
+        pad_id=pad_id, bucket=bucket, cache_dtype=cache_dtype)
+    tokens_bt, logp_bt, mask_bt, length_b, truncated_b = _generate_core(*core_args, **core_kwargs)
+    tokens_ps = np.asarray(prompt_tokens_ps, np.int32)
+    prompt_tokens_bs = jnp.asarray(np.repeat(tokens_ps, num_samples, axis=0))
+    prompt_mask_bs = jnp.asarray(np.repeat(np.asarray(prompt_mask_ps), num_samples, axis=0))
+    return Rollout(tokens_bt[:, :max_new_tokens], logp_bt[:, :max_new_tokens], mask_bt[:, :max_new_tokens],
+                   length_b, truncated_b, prompt_tokens_bs, prompt_mask_bs)
+
+
+def generate_core_call(key, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *, num_samples: int,
+                       max_new_tokens: int, temperature: float, top_p: float, top_k: int, greedy: bool,
+                       stop_token_ids: Sequence[int] | None, pad_id: int, bucket: int,
+                       cache_dtype: str | None) -> tuple[tuple, dict]:
+    """Checks `generate`'s inputs and returns the (args, kwargs) of its jitted core.
+
+    `benchmarks/profile_step.py --what rollout` compiles and traces the core with them.
+    """
     tokens_ps = np.asarray(prompt_tokens_ps)
     mask_ps = np.asarray(prompt_mask_ps)
     chex.assert_rank([tokens_ps, mask_ps], 2)
@@ -296,13 +316,8 @@ def generate(key: jax.Array, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *
     tokens_bucketed = np.pad(tokens_ps.astype(np.int32), ((0, 0), (pad_cols, 0)), constant_values=pad_id)
     mask_bucketed = np.pad(mask_ps, ((0, 0), (pad_cols, 0)), constant_values=False)
     graphdef, state = nnx.split(model)
-    tokens_bt, logp_bt, mask_bt, length_b, truncated_b = _generate_core(
-        graphdef, state, key, tokens_bucketed, mask_bucketed, np.int32(max_new_tokens),
-        np.float32(temperature), np.float32(top_p), np.int32(top_k), stop_ids, np.int32(pad_id),
-        num_samples=num_samples, buffer_len=round_up(max_new_tokens, bucket), greedy=bool(greedy),
-        cache_dtype=cache_dtype,
-        use_filter=bool(not greedy and (top_k > 0 or top_p < 1)))
-    prompt_tokens_bs = jnp.asarray(np.repeat(tokens_ps.astype(np.int32), num_samples, axis=0))
-    prompt_mask_bs = jnp.asarray(np.repeat(mask_ps, num_samples, axis=0))
-    return Rollout(tokens_bt[:, :max_new_tokens], logp_bt[:, :max_new_tokens], mask_bt[:, :max_new_tokens],
-                   length_b, truncated_b, prompt_tokens_bs, prompt_mask_bs)
+    args = (graphdef, state, key, tokens_bucketed, mask_bucketed, np.int32(max_new_tokens), np.float32(temperature),
+            np.float32(top_p), np.int32(top_k), stop_ids, np.int32(pad_id))
+    kwargs = dict(num_samples=num_samples, buffer_len=round_up(max_new_tokens, bucket), greedy=bool(greedy),
+                  cache_dtype=cache_dtype, use_filter=bool(not greedy and (top_k > 0 or top_p < 1)))
+    return args, kwargs

@@ -74,9 +74,13 @@ def test_rounds_alternate_order_and_summarise(side_by_side, tmp_path, monkeypatc
             with open(out, "w") as f:
                 json.dump(record, f)
         elif script == "bench_trl.py":
+            # Micro-batches of 8: step 100 s; all at once: a slower step, a faster rollout.
+            micro_batch = int(cmd[cmd.index("--micro-batch") + 1])
+            record = ({"median_step_s": 100.0, "median_rollout_s": 30.0} if micro_batch == 8 else
+                      {"median_step_s": 120.0, "median_rollout_s": 25.0})
             with open(out, "w") as f:
-                f.write(json.dumps({"median_step_s": 100.0, "median_rollout_s": 30.0,
-                                    "peak_rss_mb": 9000.0, "prompts_sha": "abc"}) + "\n")
+                f.write(json.dumps({**record, "micro_batch": micro_batch or 64, "peak_rss_mb": 9000.0,
+                                    "prompts_sha": "abc"}) + "\n")
         return 0.0
 
     monkeypatch.setattr(side_by_side, "run", fake_run)
@@ -84,8 +88,9 @@ def test_rounds_alternate_order_and_summarise(side_by_side, tmp_path, monkeypatc
     out = tmp_path / "result.json"
     result = side_by_side.main(["--peers-root", str(peers_root), "--precisions", "fp32", "--rounds", "3",
                                 "--out", str(out)])
-    assert calls == ["prompts.py", "rl_step.py", "bench_trl.py", "bench_trl.py", "rl_step.py",
-                     "rl_step.py", "bench_trl.py"]
+    # Each round: ours and TRL in both of its default configurations (8, then all at once).
+    trl = ["bench_trl.py", "bench_trl.py"]
+    assert calls == ["prompts.py", "rl_step.py", *trl, *trl, "rl_step.py", "rl_step.py", *trl]
     step = result["ratios"]["fp32"]["step_ours_over_trl"]
     assert (step["median"], step["min"], step["max"]) == (0.5, 0.4, 0.6)
     assert step["range_coverage_of_median"] == pytest.approx(0.75)
@@ -94,6 +99,32 @@ def test_rounds_alternate_order_and_summarise(side_by_side, tmp_path, monkeypatc
     assert result["runs"]["fp32"]["jaxrl_vr"]["ran_first"] is True
     assert json.loads(out.read_text())["rounds"] == 3
     assert result["glibc_tunables"] == "glibc.malloc.hugetlb=1"
+    # Against TRL's best: the step of micro-batches of 8, the rollout of all-at-once (30 / 25 s
+    # against our 10 s), the update of micro-batches of 8 (70 s against our 40 s in round 0).
+    first = result["round_ratios"]["fp32"][0]
+    assert first["rollout_speedup_vs_trl"] == pytest.approx(2.5)
+    assert first["update_ours_over_trl"] == pytest.approx(40.0 / 70.0)
+    assert result["runs"]["fp32"]["trl"]["micro_batch"] == 8
+    assert [c["micro_batch"] for c in result["runs"]["fp32"]["trl"]["configs"]] == [8, 64]
+
+
+def test_best_of_trl_takes_each_figure_from_its_fastest_configuration(side_by_side):
+    best = side_by_side.best_of_trl([
+        {"micro_batch": 8, "median_step_s": 50.0, "median_rollout_s": 14.0, "peak_rss_mb": 5000.0},
+        {"micro_batch": 64, "median_step_s": 51.0, "median_rollout_s": 14.5, "peak_rss_mb": 17000.0},
+        {"micro_batch": 16, "median_step_s": 55.0, "median_rollout_s": 20.0, "peak_rss_mb": 8000.0}])
+    assert (best["micro_batch"], best["median_step_s"], best["peak_rss_mb"]) == (8, 50.0, 5000.0)
+    assert best["best_rollout_s"] == 14.0
+    assert best["best_update_s"] == 35.0  # 55 - 20 beats 50 - 14 and 51 - 14.5
+    ratios = side_by_side.pair_ratios({"median_step_s": 30.0, "median_update_s": 21.0, "median_rollout_s": 7.0,
+                                       "update_fraction_of_matmul_peak": 0.5, "peak_rss_mb": 6000.0}, best)
+    assert ratios["update_ours_over_trl"] == pytest.approx(21.0 / 35.0)
+    assert ratios["rollout_speedup_vs_trl"] == pytest.approx(2.0)
+
+
+def test_a_bad_micro_batch_list_fails_before_any_run(side_by_side):
+    with pytest.raises(SystemExit, match="--trl-micro-batch"):
+        side_by_side.trl_micro_batches("8,-1")
 
 
 def test_both_peers_inherit_the_environment(side_by_side, tmp_path, monkeypatch):
