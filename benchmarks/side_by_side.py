@@ -17,8 +17,9 @@ TRL runs at its best: torch's own OpenMP settings, and every micro-batch size in
 own process in every round. Each ratio is taken against the best TRL figure of its round:
 the fastest step, the fastest rollout and the fastest update (step − rollout), whichever
 configuration they came from. (Until perf18 TRL ran with micro-batches of 8 and
-OMP_WAIT_POLICY=PASSIVE only; on an AMX Xeon that made its rollout 26 % and its bf16 step
-49 % slower than its best, so the earlier ratios flattered us: docs/performance.md "perf18".)
+OMP_WAIT_POLICY=PASSIVE only; on an AMX Xeon its rollout then took a third longer and its bf16
+step 60-75 % longer than at its best, so the earlier ratios flattered us: docs/performance.md
+"perf18".)
 
 Both peers inherit this process's environment, so an exported GLIBC_TUNABLES (for example
 transparent huge pages for malloc, docs/performance.md "perf16") applies to TRL as well.

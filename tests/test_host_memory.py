@@ -117,3 +117,31 @@ def test_a_refused_mallopt_changes_nothing(monkeypatch):
     # The accepted setting is put back to glibc's default.
     assert fake.calls == [(host_memory.M_MMAP_MAX, 0), (host_memory.M_TRIM_THRESHOLD, -1),
                           (host_memory.M_MMAP_MAX, 65536)]
+
+
+TRIM_PROBE = textwrap.dedent("""
+    import json, numpy as np
+    from jaxrl_vr.host_memory import release_free_heap
+    def anon_mb():
+        text = open("/proc/self/status").read()
+        return int(text.split("RssAnon:")[1].split()[0]) / 1024
+    # 32 blocks of 16 MB from the heap (the test sets the mmap threshold above them and turns
+    # glibc's own trimming off, as keep_host_memory() does), freed: they stay resident.
+    blocks = [np.ones(2 * 2**20) for _ in range(32)]
+    del blocks
+    before = anon_mb()
+    released = release_free_heap()
+    print(json.dumps({"before": before, "after": anon_mb(), "released": released}))
+""")
+
+
+@pytest.mark.skipif(host_memory._glibc() is None, reason="glibc malloc only")
+def test_release_free_heap_returns_freed_pages():
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES",)}
+    env.update(PYTHONPATH=REPO,
+               GLIBC_TUNABLES="glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967295")
+    proc = subprocess.run([sys.executable, "-c", TRIM_PROBE], capture_output=True, text=True, env=env,
+                          timeout=120, check=True)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["released"] == 1
+    assert result["before"] - result["after"] > 256, result  # of the 512 MB freed

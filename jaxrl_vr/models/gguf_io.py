@@ -18,8 +18,11 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax
 import numpy as np
+from flax import nnx
 
+from jaxrl_vr.host_memory import release_free_heap
 from jaxrl_vr.models.config import DecoderConfig
 from jaxrl_vr.models.tokenizers import GGUFTokenizer, tokenizer_from_gguf
 
@@ -391,8 +394,12 @@ def from_gguf(path: str | os.PathLike, *, dtype: str = "float32", mesh: Any = No
 
     checkpoint = read_gguf(path, dtype=dtype)
     model = from_hf_state_dict(checkpoint.config, checkpoint.tensors, dtype=dtype)
+    tokenizer = checkpoint.tokenizer
+    del checkpoint  # its dequantised tensors, so that the heap trim below can return them
     if mesh is not None:
         from jaxrl_vr import parallel
 
         model = parallel.shard_model(model, mesh)
-    return model, checkpoint.tokenizer
+    jax.block_until_ready(nnx.state(model))
+    release_free_heap()
+    return model, tokenizer

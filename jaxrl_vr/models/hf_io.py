@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrl_vr.host_memory import release_free_heap
 from jaxrl_vr.models.config import DecoderConfig
 from jaxrl_vr.models.decoder import Decoder
 
@@ -197,6 +198,8 @@ def from_pretrained(path: str, *, dtype: str = "float32", mesh: Any = None, rema
         from jaxrl_vr import parallel
 
         model = parallel.shard_model(model, mesh)
+    jax.block_until_ready(nnx.state(model))
+    release_free_heap()  # the checkpoint's freed staging copies (perf18: 730 MB for SmolLM2-135M)
     return model
 
 

@@ -390,3 +390,21 @@ def test_input_errors(llama):
         generate(jax.random.key(0), model, ok_tokens, ok_mask, max_new_tokens=4, temperature=0.0)
     with pytest.raises(TypeError, match="must be bool"):
         generate(jax.random.key(0), model, ok_tokens, ok_mask.astype(np.int32), max_new_tokens=4)
+
+
+def test_generate_core_call_is_the_call_generate_makes():
+    """`generate_core_call` (what benchmarks/profile_step.py compiles) checks the inputs as
+    `generate` does and returns exactly the arguments `generate` runs its core with."""
+    model, ref = load("tiny_qwen2")
+    prompts = np.asarray(ref["input_ids"], np.int32)[:, -8:]
+    mask = np.ones(prompts.shape, bool)
+    options = dict(num_samples=2, max_new_tokens=5, temperature=0.7, top_p=1.0, top_k=0, greedy=False,
+                   stop_token_ids=NO_STOP, pad_id=0, bucket=sampler_lib.DEFAULT_BUCKET, cache_dtype=None)
+    rollout = generate(jax.random.key(3), model, prompts, mask, **options)
+    core_args, core_kwargs = sampler_lib.generate_core_call(jax.random.key(3), model, prompts, mask, **options)
+    tokens_bt = sampler_lib._generate_core(*core_args, **core_kwargs)[0]
+    np.testing.assert_array_equal(np.asarray(tokens_bt)[:, :5], np.asarray(rollout.tokens_bt))
+    with pytest.raises(ValueError, match="left-padded"):
+        holed = mask.copy()
+        holed[:, 1] = False  # a real token after padding
+        sampler_lib.generate_core_call(jax.random.key(3), model, prompts, holed, **options)
