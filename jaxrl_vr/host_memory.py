@@ -22,6 +22,10 @@ size: 5,858-5,877 MiB against 5,726-5,787 MiB in alternated runs of the peer wor
 peak of ``make run`` stays at 1.41 GB. Python also no longer overlaps with a running CPU
 computation. That overlap is worth nothing when every step blocks on its metrics: with
 this policy, ``make run`` took 2:26 against 2:54.
+
+``release_free_heap()`` is the opposite, once: ``malloc_trim(0)`` hands back what is free at
+that moment. The checkpoint loaders call it after placing the weights, which returns their
+freed staging copies (730 MB for SmolLM2-135M; "perf18").
 """
 
 from __future__ import annotations
@@ -109,4 +113,3 @@ def release_free_heap() -> int | None:
     if libc is None:
         return None
     return int(libc.malloc_trim(0))
-
