@@ -96,9 +96,12 @@ def main(argv=None):
     model = set_compute_dtype(from_pretrained(args.model_dir), rl_step.PRECISIONS[args.precision])
     tokenizer = load_tokenizer(args.model_dir)
     prompt_ps, mask_ps = rl_step.encode(tokenizer, texts, 32)
-    rollout = generate(jax.random.key(0), model, prompt_ps, mask_ps, num_samples=8, max_new_tokens=64,
-                       stop_token_ids=(), pad_id=0)
-    run = rollout_call(model, prompt_ps, mask_ps) if args.what == "rollout" else update_call(args, model, rollout)
+    if args.what == "rollout":
+        run = rollout_call(model, prompt_ps, mask_ps)
+    else:
+        rollout = generate(jax.random.key(0), model, prompt_ps, mask_ps, num_samples=8, max_new_tokens=64,
+                           stop_token_ids=(), pad_id=0)
+        run = update_call(args, model, rollout)
     jax.block_until_ready(run())
     with tempfile.TemporaryDirectory() as trace_dir:
         wall, rows = profile(run, run.labels, args.top, trace_dir)

@@ -45,7 +45,7 @@ def test_median_index_picks_the_middle_round(side_by_side):
 def test_pair_ratios_by_hand(side_by_side):
     ours = {"median_step_s": 50.0, "median_update_s": 38.0, "median_rollout_s": 12.0,
             "update_fraction_of_matmul_peak": 0.58, "peak_rss_mb": 5900.0}
-    trl = {"median_step_s": 100.0, "median_rollout_s": 30.0, "peak_rss_mb": 9000.0}
+    trl = side_by_side.best_of_trl([{"median_step_s": 100.0, "median_rollout_s": 30.0, "peak_rss_mb": 9000.0}])
     ratios = side_by_side.pair_ratios(ours, trl)
     assert ratios["step_ours_over_trl"] == pytest.approx(0.5)
     assert ratios["update_ours_over_trl"] == pytest.approx(38.0 / 70.0)

@@ -330,3 +330,14 @@ def test_metadata_json_roundtrip_of_config(tmp_path):
         config.__dict__, sort_keys=True, default=str
     )
     assert read.source_types["model.layers.1.self_attn.q_proj.bias"] == "F32"
+
+
+def test_from_gguf_trims_the_heap_once(tmp_path, monkeypatch):
+    # After the dequantised tensors are dropped, so the trim can hand their pages back.
+    tied, types = CASES["llama"]
+    path = tmp_path / "llama.gguf"
+    write_gguf(path, _tiny_config("llama", tied), types)
+    seen = []
+    monkeypatch.setattr(gguf_io, "release_free_heap", lambda: seen.append("trim"))
+    gguf_io.from_gguf(path)
+    assert seen == ["trim"]
