@@ -9,6 +9,12 @@ fraction of digit characters in the completion, GRPO advantages, one AdamW step 
 (lr 1e-6, weight decay 0, grad-norm clip 1.0), β = 0, behaviour log-probs = the step's own
 detached forward (TRL ``num_iterations=1``).
 
+The update runs each prompt's prefix once per group of G samples (``LossConfig.
+prompt_group_size``: the same loss and gradient with less work, docs/performance.md
+"perf19"); ``--no-shared-prefix`` runs every row's full sequence, as TRL does.
+``update_fraction_of_matmul_peak`` counts the workload's nominal FLOPs (every row's full
+sequence); ``update_executed_fraction_of_matmul_peak`` counts what the update ran.
+
     python benchmarks/rl_step.py --model-dir $PEERS_ROOT/models/smollm2-135m \\
         --prompts-file prompts.jsonl --warmup 1 --steps 2 --json out.json [--precision bf16]
 
@@ -102,19 +108,30 @@ def matmul_peak_flops(dtype=jnp.float32, repeats: int = 6) -> float:
     return best_rate
 
 
-def update_flops(config, batch: int, prompt_len: int, resp_len: int) -> float:
+def update_flops(config, batch: int, prompt_len: int, resp_len: int, group: int = 1) -> float:
     """Model FLOPs of one update: 3 × forward (forward + backward) over prompt + response.
 
     forward = 2·(block matmul params)·L·tokens + causal attention 2·2·L·H·Dh·len²/2·B + LM
     head 2·D·V·(response tokens). Recomputation (remat, chunked LM head) is not counted:
     this is the useful work, as in MFU.
+
+    ``group`` = G > 1 counts what a shared-prefix update runs (``prompt_group_size``): the
+    first S − 1 prompt tokens once per prompt (B / G rows), the last prompt token and the
+    response once per row, attending to the whole prompt. group = 1 is the workload's
+    nominal count (every row's full sequence), the one TRL runs.
     """
     d, f, layers = config.hidden_size, config.intermediate_size, config.num_layers
     q_dim, kv_dim = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     block_params = d * q_dim * 2 + d * kv_dim * 2 + 3 * d * f
     length = prompt_len + resp_len
-    forward = 2.0 * block_params * layers * batch * length
-    forward += 2.0 * 2.0 * layers * q_dim * batch * length * length / 2.0
+    prefix_len = prompt_len - 1 if group > 1 else 0
+    prefix_rows = batch // group
+    own_len = length - prefix_len
+    tokens = prefix_rows * prefix_len + batch * own_len
+    forward = 2.0 * block_params * layers * tokens
+    # Query-key pairs of causal attention: the prefix's own, then each row's rest.
+    pairs = prefix_rows * prefix_len ** 2 / 2.0 + batch * (own_len * prefix_len + own_len ** 2 / 2.0)
+    forward += 2.0 * 2.0 * layers * q_dim * pairs
     forward += 2.0 * d * config.vocab_size * batch * resp_len
     return 3.0 * forward
 
@@ -154,6 +171,9 @@ def main(argv=None) -> dict:
                         help="LM-head log-softmax time chunk; 0 = one chunk of the whole response, which "
                              "is not rematerialised (measured faster than 16 in docs/performance.md)")
     parser.add_argument("--remat", action="store_true", help="recompute each block in the backward pass")
+    parser.add_argument("--no-shared-prefix", action="store_true",
+                        help="run every row's full prompt in the update (LossConfig.prompt_group_size=1) "
+                             "instead of each prompt once per group of G samples")
     parser.add_argument("--release-host-memory", action="store_true",
                         help="let glibc return XLA's freed buffers to the kernel (the JAX default) "
                              "instead of jaxrl_vr.host_memory.keep_host_memory()")
@@ -177,8 +197,9 @@ def main(argv=None) -> dict:
     graphdef, params, rest = split_model(model)
     optim = make_optimizer(OptimConfig(learning_rate=1e-6, weight_decay=0.0, grad_clip_norm=1.0))
     chunk = args.chunk or args.max_new_tokens
+    group = 1 if args.no_shared_prefix else args.gens
     loss_cfg = LossConfig(num_microbatches=args.microbatches, logprob_chunk_size=chunk,
-                          detach_behaviour=True)
+                          detach_behaviour=True, prompt_group_size=group)
     state = init_train_state(params, optim, loss_cfg)
     train_step = make_train_step(graphdef, rest, optim, loss_cfg, donate=True)
     hyper = StepHyper.create()
@@ -225,12 +246,15 @@ def main(argv=None) -> dict:
     update_s = median("update_s")
     flops = statistics.median(update_flops(model.config, args.prompts * args.gens, r["prompt_tokens"],
                                            args.max_new_tokens) for r in timed)
+    executed = statistics.median(update_flops(model.config, args.prompts * args.gens, r["prompt_tokens"],
+                                              args.max_new_tokens, group) for r in timed)
     result = {
         "peer": "jaxrl_vr",
         "precision": args.precision,
         "model": os.path.basename(os.path.normpath(args.model_dir)),
         "P": args.prompts, "G": args.gens, "new_tokens": args.max_new_tokens,
         "microbatches": args.microbatches, "logprob_chunk": chunk, "remat": args.remat,
+        "prompt_group_size": group,
         "prompts_sha": prompts_sha,
         "median_step_s": median("step_s"),
         "median_rollout_s": median("rollout_s"),
@@ -243,6 +267,8 @@ def main(argv=None) -> dict:
         "update_gflop": flops / 1e9,
         "update_gflops_achieved": flops / update_s / 1e9,
         "update_fraction_of_matmul_peak": flops / update_s / peak_f32,
+        "update_executed_gflop": executed / 1e9,
+        "update_executed_fraction_of_matmul_peak": executed / update_s / peak_f32,
         "median_update_minor_faults": median("update_minor_faults"),
         "median_update_kernel_s": median("update_kernel_s"),
         "load_1m_start": load_start,

@@ -1,7 +1,7 @@
 """Flax NNX decoder (Llama / Qwen2 / Qwen3), Hugging Face and GGUF weight I/O, tokenizers."""
 
 from jaxrl_vr.models.config import COMPUTE_DTYPES, SUPPORTED_MODEL_TYPES, DecoderConfig
-from jaxrl_vr.models.decoder import Decoder, KVCache, num_params, set_compute_dtype
+from jaxrl_vr.models.decoder import Decoder, KVCache, PrefixKV, num_params, set_compute_dtype
 from jaxrl_vr.models.gguf_io import from_gguf, read_gguf
 from jaxrl_vr.models.hf_io import (
     from_hf_state_dict,
@@ -25,6 +25,7 @@ __all__ = [
     "DecoderConfig",
     "Decoder",
     "KVCache",
+    "PrefixKV",
     "num_params",
     "set_compute_dtype",
     "from_hf_state_dict",

@@ -70,6 +70,22 @@ class KVCache(NamedTuple):
     index: jax.Array
 
 
+class PrefixKV(NamedTuple):
+    """Every layer's rotated keys and values of a batch of prompt prefixes.
+
+    What `Decoder.prefix_kv` returns and `Decoder.hidden_states(prefix=...)` attends to:
+    a prompt shared by a group of responses runs through the blocks once, and each response
+    attends to its keys and values (Prefix Grouper, Liu et al. 2025, arXiv 2506.05433).
+
+    Attributes:
+      keys_lbske: [L, B, S, Hkv, Dh] keys after RoPE (and the Qwen3 k-norm).
+      values_lbske: [L, B, S, Hkv, Dh] values.
+    """
+
+    keys_lbske: jax.Array
+    values_lbske: jax.Array
+
+
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     """x / sqrt(mean(x²) + eps) · weight, statistics in float32 (HF LlamaRMSNorm order)."""
     x32 = x.astype(jnp.float32)
@@ -306,30 +322,67 @@ class Decoder(nnx.Module):
         return self.logits(self.hidden_states(tokens_bt, positions_bt=positions_bt, mask_bt=mask_bt))
 
     def hidden_states(self, tokens_bt: jax.Array, *, positions_bt: jax.Array | None = None,
-                      mask_bt: jax.Array | None = None) -> jax.Array:
+                      mask_bt: jax.Array | None = None, prefix: PrefixKV | None = None,
+                      prefix_mask_bs: jax.Array | None = None) -> jax.Array:
         """Final-normed hidden states [B, T, D] in the compute dtype (see `__call__`).
 
         The compute dtype is what the LM-head matmul consumes: bf16 hidden states with the
         float32 `unembed_matrix()` make `ratios.token_logprobs_from_hidden` run that matmul
         in bf16 with float32 accumulation.
+
+        With `prefix` (from `prefix_kv`, one row per row of `tokens_bt`), the tokens continue
+        those prefixes: every query also attends to the prefix slots where `prefix_mask_bs`
+        (bool [B, S]) is True, ahead of its own causal context, exactly as if prefix ++ tokens
+        ran as one sequence (pass the continuing positions in `positions_bt`).
         """
         tokens_bt, positions_bt, mask_bt = self._check_inputs(tokens_bt, positions_bt, mask_bt)
-        t = tokens_bt.shape[1]
+        b, t = tokens_bt.shape
         causal_tt = jnp.tril(jnp.ones((t, t), dtype=bool))
         allowed_bts = causal_tt[None] & mask_bt[:, None, :]
+        xs = self.layers.stacked()
+        if prefix is not None:
+            s = prefix.keys_lbske.shape[2]
+            chex.assert_shape([prefix.keys_lbske, prefix.values_lbske], (self.config.num_layers, b, s, None, None))
+            chex.assert_shape(prefix_mask_bs, (b, s))
+            prefix_bts = jnp.broadcast_to(prefix_mask_bs.astype(bool)[:, None, :], (b, t, s))
+            allowed_bts = jnp.concatenate([prefix_bts, allowed_bts], axis=2)
+            xs = (xs, prefix.keys_lbske, prefix.values_lbske)
 
-        def kv_fn(k, v):
-            return k, v, allowed_bts, None
+        def body(x_btd, layer_xs):
+            if prefix is None:
+                p, kv_fn = layer_xs, lambda k, v: (k, v, allowed_bts, None)
+            else:
+                p, prefix_k, prefix_v = layer_xs
 
-        def body(x_btd, p):
+                def kv_fn(k, v):
+                    keys = jnp.concatenate([prefix_k.astype(k.dtype), k], axis=1)
+                    values = jnp.concatenate([prefix_v.astype(v.dtype), v], axis=1)
+                    return keys, values, allowed_bts, None
             return _block(self.config, p, x_btd, cos, sin, kv_fn)
 
         if self.remat:
             body = jax.checkpoint(body, prevent_cse=False)
         cos, sin = rope_cos_sin(positions_bt, rope_inv_freq(self.config))
-        x_btd, _ = jax.lax.scan(body, self._embed(tokens_bt), self.layers.stacked())
+        x_btd, _ = jax.lax.scan(body, self._embed(tokens_bt), xs)
         hidden_btd = rms_norm(x_btd, self.final_norm[...], self.config.rms_norm_eps)
         return hidden_btd.astype(self.config.matmul_dtype)
+
+    def prefix_kv(self, tokens_bs: jax.Array, *, positions_bs: jax.Array | None = None,
+                  mask_bs: jax.Array | None = None) -> PrefixKV:
+        """Every layer's keys and values of the prefixes `tokens_bs` (causal, masked as in
+        `__call__`), for `hidden_states(prefix=...)` to continue them."""
+        tokens_bs, positions_bs, mask_bs = self._check_inputs(tokens_bs, positions_bs, mask_bs)
+        s = tokens_bs.shape[1]
+        allowed_bss = jnp.tril(jnp.ones((s, s), dtype=bool))[None] & mask_bs[:, None, :]
+
+        def body(x_bsd, p):
+            return _block(self.config, p, x_bsd, cos, sin, lambda k, v: (k, v, allowed_bss, (k, v)))
+
+        if self.remat:
+            body = jax.checkpoint(body, prevent_cse=False)
+        cos, sin = rope_cos_sin(positions_bs, rope_inv_freq(self.config))
+        _, (keys_lbske, values_lbske) = jax.lax.scan(body, self._embed(tokens_bs), self.layers.stacked())
+        return PrefixKV(keys_lbske, values_lbske)
 
     def unembed_matrix(self) -> jax.Array:
         """[D, V] output projection (embedding transposed when tied), parameter dtype (the

@@ -20,6 +20,7 @@ from typing import Any, Callable, NamedTuple
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
@@ -27,6 +28,7 @@ from jaxrl_vr import entropy as entropy_lib
 from jaxrl_vr import kl as kl_lib
 from jaxrl_vr import losses
 from jaxrl_vr import ratios
+from jaxrl_vr.models.decoder import default_positions
 
 RATIO_TYPES = ("token", "sequence", "gspo_token")
 AGGREGATIONS = (
@@ -77,6 +79,13 @@ class LossConfig:
         instead of ``batch.behaviour_logp_bt``. Exact only when each rollout batch gets a
         single optimizer step (then π_old = π_θ), and it saves the separate behaviour
         forward pass; the RL config rejects it otherwise.
+      prompt_group_size: G > 1 when every G consecutive rows of a batch share one prompt
+        (the prompt-major [P, G] layout of ``generate`` and the trainer's rounds). The step
+        then runs each prompt through the blocks once per batch, not once per response, and
+        the responses attend to its keys and values (Prefix Grouper, arXiv 2506.05433). The
+        loss and its gradient are the same (the prompt's cotangents from all G responses
+        meet before its backward pass); the update does (G − 1)/G less prompt work. 1 = off.
+        ``make_train_step``'s wrapper checks the layout; the RL trainer sets it itself.
     """
 
     ratio: str = "token"
@@ -98,6 +107,7 @@ class LossConfig:
     num_microbatches: int = 1
     logprob_chunk_size: int | None = None
     detach_behaviour: bool = False
+    prompt_group_size: int = 1
 
     def __post_init__(self):
         for name, value, allowed in (
@@ -111,6 +121,8 @@ class LossConfig:
                 raise ValueError(f"loss.{name}={value!r} is not one of {allowed}.")
         if self.num_microbatches < 1:
             raise ValueError(f"loss.num_microbatches must be >= 1, got {self.num_microbatches}.")
+        if self.prompt_group_size < 1:
+            raise ValueError(f"loss.prompt_group_size must be >= 1 (1 = off), got {self.prompt_group_size}.")
         if self.dual_clip is not None and self.dual_clip <= 1.0:
             raise ValueError(f"loss.dual_clip must be > 1 (or None = off), got {self.dual_clip}.")
         if (self.log_ratio_low is None) != (self.log_ratio_high is None):
@@ -277,6 +289,7 @@ def response_logprobs(
     chunk_size=None,
     with_entropy=False,
     temperature=1.0,
+    prefix=None,
 ):
     """log π(response token | prompt, earlier tokens) [B, T] f32 (+ entropy [B, T]).
 
@@ -284,6 +297,11 @@ def response_logprobs(
     response positions, chunked over T through the unembedding (ratios.token_logprobs_from_hidden).
     ``temperature`` scales the logits as the sampler does (logits / T), so importance ratios
     against sampler-time log-probs compare like with like.
+
+    ``prefix`` (``shared_prompt_prefix`` of each row's prompt, gathered per row) replaces the
+    prompt's forward: only the last prompt token (it predicts response token 0) and the
+    response run through the blocks, attending to the prefix's keys and values. Same
+    log-probs; the prompts must be left-padded (their last column real).
     """
     chex.assert_rank([prompt_tokens_bs, tokens_bt], 2)
     chex.assert_equal_shape([prompt_tokens_bs, prompt_mask_bs])
@@ -292,9 +310,17 @@ def response_logprobs(
     num_resp = tokens_bt.shape[1]
     seq_bl = jnp.concatenate([prompt_tokens_bs, tokens_bt], axis=1)
     seq_mask_bl = jnp.concatenate([prompt_mask_bs.astype(bool), mask_bt.astype(bool)], axis=1)
-    hidden_bld = model.hidden_states(seq_bl, mask_bt=seq_mask_bl)
-    # Position S-1+t predicts response token t.
-    hidden_btd = hidden_bld[:, num_prompt - 1 : num_prompt - 1 + num_resp]
+    if prefix is None:
+        hidden_bld = model.hidden_states(seq_bl, mask_bt=seq_mask_bl)
+        # Position S-1+t predicts response token t.
+        hidden_btd = hidden_bld[:, num_prompt - 1 : num_prompt - 1 + num_resp]
+    else:
+        # The same positions S-1 .. S-1+T-1 of the sequence, on top of the prompt's prefix.
+        window = slice(num_prompt - 1, num_prompt - 1 + num_resp)
+        hidden_btd = model.hidden_states(
+            seq_bl[:, window], positions_bt=default_positions(seq_mask_bl)[:, window],
+            mask_bt=seq_mask_bl[:, window], prefix=prefix,
+            prefix_mask_bs=prompt_mask_bs[:, : num_prompt - 1].astype(bool))
     return ratios.token_logprobs_from_hidden(
         hidden_btd,
         model.unembed_matrix() / jnp.asarray(temperature, jnp.float32),
@@ -304,6 +330,40 @@ def response_logprobs(
     )
 
 
+def shared_prompt_prefix(model, prompt_tokens_ps, prompt_mask_ps):
+    """Keys and values of each prompt's first S − 1 tokens (``response_logprobs(prefix=)``):
+    the part of the sequence that every response to the prompt shares."""
+    positions_ps = default_positions(prompt_mask_ps.astype(bool))
+    return model.prefix_kv(prompt_tokens_ps[:, :-1], positions_bs=positions_ps[:, :-1],
+                           mask_bs=prompt_mask_ps[:, :-1].astype(bool))
+
+
+def check_prompt_groups(batch: "RolloutBatch", group_size: int) -> None:
+    """Raises ValueError unless every ``group_size`` consecutive rows share one left-padded
+    prompt (what ``LossConfig.prompt_group_size`` promises the step). Skipped for traced or
+    not fully addressable arrays (inside jit, multi-process meshes)."""
+    arrays = (batch.prompt_tokens_bs, batch.prompt_mask_bs)
+    if any(isinstance(x, jax.core.Tracer) or not getattr(x, "is_fully_addressable", True) for x in arrays):
+        return
+    tokens_bs, mask_bs = (np.asarray(x) for x in arrays)
+    rows = tokens_bs.shape[0]
+    if rows % group_size:
+        raise ValueError(f"loss.prompt_group_size={group_size} does not divide the batch of {rows} rows; "
+                         "set it to the samples per prompt G, or 1 to run every row's prompt.")
+    for name, x in (("prompt_tokens_bs", np.where(mask_bs, tokens_bs, 0)), ("prompt_mask_bs", mask_bs)):
+        grouped = x.reshape((rows // group_size, group_size) + x.shape[1:])
+        bad = np.flatnonzero(~(grouped == grouped[:, :1]).all(axis=(1, 2)))
+        if bad.size:
+            raise ValueError(
+                f"loss.prompt_group_size={group_size}, but rows {int(bad[0]) * group_size}.."
+                f"{int(bad[0]) * group_size + group_size - 1} do not share one prompt ({name} differs). "
+                "Keep each prompt's G responses in consecutive rows (generate's prompt-major order) "
+                "or set loss.prompt_group_size=1.")
+    if mask_bs.shape[1] and not mask_bs[:, -1].all():
+        raise ValueError("loss.prompt_group_size > 1 needs left-padded prompts (last column real); "
+                         f"rows {np.flatnonzero(~mask_bs[:, -1])[:8].tolist()} end in padding.")
+
+
 def _upper_eps(cfg: LossConfig, hyper: StepHyper, controller):
     """ε_high in force: the configured one, or the entropy-feedback controller's."""
     if cfg.entropy != "feedback":
@@ -311,7 +371,8 @@ def _upper_eps(cfg: LossConfig, hyper: StepHyper, controller):
     return entropy_lib.controlled_eps_high(controller, hyper.eps_high)
 
 
-def _microbatch_loss_terms(model, mb: RolloutBatch, hyper: StepHyper, controller, cfg: LossConfig):
+def _microbatch_loss_terms(model, mb: RolloutBatch, hyper: StepHyper, controller, cfg: LossConfig,
+                           prefix=None):
     """Per-micro-batch (numerator, denominator) of each loss term + metric sums."""
     mask_bt = mb.mask_bt.astype(bool)
     logp_bt, entropy_bt = response_logprobs(
@@ -323,6 +384,7 @@ def _microbatch_loss_terms(model, mb: RolloutBatch, hyper: StepHyper, controller
         chunk_size=cfg.logprob_chunk_size,
         with_entropy=True,
         temperature=hyper.temperature,
+        prefix=prefix,
     )
     # Data enters the loss here, stop-gradiented once (SPEC §2). Masked positions may hold
     # anything (inf/NaN from padding): zero them so no NaN reaches the backward pass.
@@ -394,9 +456,9 @@ def loss_denominators(batch: RolloutBatch, cfg: LossConfig):
     return policy_den, kl_den
 
 
-def _split_microbatches(batch: RolloutBatch, num: int) -> RolloutBatch:
+def _split_microbatches(batch, num: int):
     """[B, ...] -> [M, B/M, ...], micro-batch m = rows {j·M + m} (keeps data sharding)."""
-    size = batch.tokens_bt.shape[0]
+    size = jax.tree.leaves(batch)[0].shape[0]
     if size % num:
         raise ValueError(
             f"batch of {size} responses is not divisible into {num} micro-batches; "
@@ -418,12 +480,19 @@ def make_loss_fn(graphdef, cfg: LossConfig):
     ``value`` (and its gradient) over the micro-batches gives exactly the full-batch
     objective policy_num/policy_den + kl_num/kl_den − c·ent_num/policy_den (SPEC §3.5), where
     kl_num = Σ (β + w_b)·KL_bt carries the global β and PBA's per-response weights.
+
+    With ``cfg.prompt_group_size`` > 1 it also takes the batch's prompt prefixes
+    (``shared_prompt_prefix``, one row per prompt) and each row's prompt index.
     """
 
-    def microbatch_objective(params, rest, mb, hyper, controller, dens):
+    def microbatch_objective(params, rest, mb, hyper, controller, dens, prefix_table=None,
+                             prompt_index_b=None):
         model = nnx.merge(graphdef, params, rest)
+        prefix = None
+        if prefix_table is not None:
+            prefix = jax.tree.map(lambda x: jnp.take(x, prompt_index_b, axis=1), prefix_table)
         (policy_num, kl_num, ent_num), sums = _microbatch_loss_terms(
-            model, mb, hyper, controller, cfg
+            model, mb, hyper, controller, cfg, prefix
         )
         policy_den, kl_den = dens
         objective = losses.finalize(policy_num, policy_den)
@@ -437,20 +506,44 @@ def make_loss_fn(graphdef, cfg: LossConfig):
     return microbatch_objective
 
 
-def _accumulate(params, rest, batch, hyper, controller, cfg, objective_fn, with_grad):
-    """Sum objective (and grads) over micro-batches; returns (loss, grads|None, sums)."""
-    dens = loss_denominators(batch, cfg)
-    mbs = _split_microbatches(batch, cfg.num_microbatches)
-    if with_grad:
-        value_and_grad = jax.value_and_grad(objective_fn, has_aux=True)
+def _accumulate(params, rest, batch, hyper, controller, cfg, objective_fn, with_grad, graphdef=None):
+    """Sum objective (and grads) over micro-batches; returns (loss, grads|None, sums).
 
-    def body(carry, mb):
+    With ``cfg.prompt_group_size`` G > 1 the prompts' prefixes run once, before the
+    micro-batches (``jax.vjp``); each micro-batch's gradient w.r.t. them is summed, and one
+    backward pass through the prefixes adds their share to the parameters' gradient.
+    """
+    dens = loss_denominators(batch, cfg)
+    group = cfg.prompt_group_size
+    rows = batch.tokens_bt.shape[0]
+    shared = group > 1
+    if shared:
+        if rows % group:
+            raise ValueError(f"loss.prompt_group_size={group} does not divide the batch of {rows} rows.")
+
+        def prefix_fn(p):
+            model = nnx.merge(graphdef, p, rest)
+            return shared_prompt_prefix(model, batch.prompt_tokens_bs[::group], batch.prompt_mask_bs[::group])
+
+        if with_grad:
+            prefix_table, prefix_vjp = jax.vjp(prefix_fn, params)
+        else:
+            prefix_table = prefix_fn(params)
+        index_b = jnp.arange(rows, dtype=jnp.int32) // group
+    mbs = _split_microbatches(batch, cfg.num_microbatches)
+    xs = (mbs, _split_microbatches(index_b, cfg.num_microbatches)) if shared else (mbs, None)
+    extra = (lambda index: (prefix_table, index)) if shared else (lambda index: ())
+    if with_grad:
+        value_and_grad = jax.value_and_grad(objective_fn, argnums=(0, 6) if shared else 0, has_aux=True)
+
+    def body(carry, mb_index):
+        mb, index = mb_index
         loss_acc, grad_acc, sums_acc = carry
         if with_grad:
-            (loss, sums), grads = value_and_grad(params, rest, mb, hyper, controller, dens)
+            (loss, sums), grads = value_and_grad(params, rest, mb, hyper, controller, dens, *extra(index))
             grad_acc = jax.tree.map(jnp.add, grad_acc, grads)
         else:
-            loss, sums = objective_fn(params, rest, mb, hyper, controller, dens)
+            loss, sums = objective_fn(params, rest, mb, hyper, controller, dens, *extra(index))
         max_keys = {k for k in sums if k.endswith("_max")}
         sums_acc = {
             k: (jnp.maximum(sums_acc[k], v) if k in max_keys else sums_acc[k] + v)
@@ -458,16 +551,21 @@ def _accumulate(params, rest, batch, hyper, controller, cfg, objective_fn, with_
         }
         return (loss_acc + loss, grad_acc, sums_acc), None
 
-    first = jax.tree.map(lambda x: x[0], mbs)
+    first, first_index = jax.tree.map(lambda x: x[0], xs)
     sums_shape = jax.eval_shape(
-        lambda: objective_fn(params, rest, first, hyper, controller, dens)[1]
+        lambda: objective_fn(params, rest, first, hyper, controller, dens, *extra(first_index))[1]
     )
     zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape)
-    zero_grads = (
-        jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params) if with_grad else None
-    )
+    zeros_like = lambda tree: jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), tree)  # noqa: E731
+    zero_grads = None
+    if with_grad:
+        zero_grads = (zeros_like(params), zeros_like(prefix_table)) if shared else zeros_like(params)
     init = (jnp.zeros((), jnp.float32), zero_grads, zero_sums)
-    (loss, grads, sums), _ = jax.lax.scan(body, init, mbs)
+    (loss, grads, sums), _ = jax.lax.scan(body, init, xs)
+    if with_grad and shared:
+        param_grads, prefix_grads = grads
+        (through_prefix,) = prefix_vjp(jax.tree.map(lambda g, x: g.astype(x.dtype), prefix_grads, prefix_table))
+        grads = jax.tree.map(lambda a, b: a + b.astype(a.dtype), param_grads, through_prefix)
     return loss, grads, sums, dens
 
 
@@ -478,7 +576,8 @@ def make_eval_loss(graphdef, cfg: LossConfig) -> Callable:
     @jax.jit
     def loss_and_grad(params, rest, batch, hyper, controller):
         loss, grads, _, _ = _accumulate(
-            params, rest, batch, hyper, controller, cfg, objective_fn, with_grad=True
+            params, rest, batch, hyper, controller, cfg, objective_fn, with_grad=True,
+            graphdef=graphdef,
         )
         return loss, grads
 
@@ -525,7 +624,8 @@ def make_train_step(
 
     def step(state: TrainState, batch: RolloutBatch, hyper: StepHyper, rest):
         loss, grads, sums, (policy_den, kl_den) = _accumulate(
-            state.params, rest, batch, hyper, state.controller, cfg, objective_fn, with_grad=True
+            state.params, rest, batch, hyper, state.controller, cfg, objective_fn, with_grad=True,
+            graphdef=graphdef,
         )
         grad_norm = optax.tree.norm(grads)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
@@ -574,6 +674,8 @@ def make_train_step(
     jitted = jax.jit(step, donate_argnums=(0,) if donate else ())
 
     def train_step(state: TrainState, batch: RolloutBatch, hyper: StepHyper):
+        if cfg.prompt_group_size > 1:
+            check_prompt_groups(batch, cfg.prompt_group_size)
         return jitted(state, batch, hyper, rest)
 
     train_step.jitted = jitted  # exposed so tests can assert the trace cache size
