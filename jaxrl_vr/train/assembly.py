@@ -90,12 +90,13 @@ def make_batch_strategy(rl: RLConfig, *, recheck=None) -> Callable:
 
 
 def _build_fns(graphdef, optim: OptimConfig, loss_structure: step_lib.LossConfig,
-               logprob_microbatches: int, state_sharding=None):
+               logprob_microbatches: int, state_sharding=None, logprob_group_size: int = 1):
     """Jitted (train step, log-prob fn) for one model structure and static loss config."""
     train_step = step_lib.make_train_step(graphdef, None, make_optimizer(optim), loss_structure,
                                           state_sharding=state_sharding)
     logprob_fn = step_lib.make_logprob_fn(graphdef, num_microbatches=logprob_microbatches,
-                                          chunk_size=loss_structure.logprob_chunk_size)
+                                          chunk_size=loss_structure.logprob_chunk_size,
+                                          prompt_group_size=logprob_group_size)
     return train_step.jitted, logprob_fn
 
 

@@ -334,6 +334,9 @@ def validate(cfg: PipelineConfig) -> None:
           f"rl.advantage={rl.advantage!r} subtracts a group baseline, so with "
           f"rl.samples_per_prompt={rl.samples_per_prompt} every advantage is 0 and nothing is "
           "learned; use rl.samples_per_prompt >= 2.")
+    _need(loss.prompt_group_size == 1,
+          f"loss.prompt_group_size={loss.prompt_group_size} is the trainer's to set: it shares "
+          "each prompt's prefix across its G samples whenever rl.num_minibatches == 1. Leave it at 1.")
     batch = rl.prompts_per_step * rl.batch_group_size
     _need(batch % rl.num_minibatches == 0,
           f"rl.num_minibatches={rl.num_minibatches} does not divide the rollout batch P·G={batch}.")

@@ -103,9 +103,16 @@ class RLTrainer:
             state_sharding = parallel.train_state_shardings(
                 step_lib.init_train_state(params, make_optimizer(optim), loss), mesh)
         build = _compiled_fns if state_sharding is None else _build_fns
+        structure = loss.structure(kl_term=self.kl_in_loss)
+        if rl.num_minibatches == 1:
+            # The update's rows are the round's [P, G] prompt-major rows in order, so each
+            # prompt's prefix runs once per group (same loss and gradient, less work).
+            structure = dataclasses.replace(structure, prompt_group_size=rl.batch_group_size)
+        self.loss_structure = structure
         jitted_step, self.logprob_fn = build(
-            self.graphdef, optim, loss.structure(kl_term=self.kl_in_loss),
-            loss.num_microbatches * rl.num_minibatches, state_sharding)
+            self.graphdef, optim, structure,
+            loss.num_microbatches * rl.num_minibatches, state_sharding,
+            logprob_group_size=rl.batch_group_size)  # build_batch's rows: [P, G] prompt-major
         self.train_step = lambda state, batch: jitted_step(state, batch, self.hyper, self.rest)
         self.hyper = loss.hyper(temperature=rl.temperature)
         self.estimator = make_rl_estimator(rl)

@@ -682,18 +682,26 @@ def make_train_step(
     return train_step
 
 
-def make_logprob_fn(graphdef, *, num_microbatches: int = 1, chunk_size=None) -> Callable:
+def make_logprob_fn(graphdef, *, num_microbatches: int = 1, chunk_size=None,
+                    prompt_group_size: int = 1) -> Callable:
     """Jitted ``(params, rest, prompt_tokens_bs, prompt_mask_bs, tokens_bt, mask_bt,
     temperature=1.0) -> (logp_bt, entropy_bt)``, micro-batched with lax.map; used for the behaviour
-    (current policy at rollout time) and reference (frozen π_ref) log-probs."""
+    (current policy at rollout time) and reference (frozen π_ref) log-probs.
+
+    ``prompt_group_size`` = G > 1: every G consecutive rows share one left-padded prompt (the
+    trainer's prompt-major rows), whose prefix then runs once (``shared_prompt_prefix``).
+    """
+    if prompt_group_size < 1:
+        raise ValueError(f"prompt_group_size must be >= 1 (1 = off), got {prompt_group_size}.")
 
     @jax.jit
     def logprobs(params, rest, prompt_tokens_bs, prompt_mask_bs, tokens_bt, mask_bt,
                  temperature=1.0):
         size = tokens_bt.shape[0]
-        if size % num_microbatches:
+        if size % num_microbatches or size % prompt_group_size:
             raise ValueError(
-                f"{size} responses not divisible into {num_microbatches} micro-batches."
+                f"{size} responses not divisible into {num_microbatches} micro-batches "
+                f"or groups of {prompt_group_size}."
             )
 
         def split(x):
@@ -701,12 +709,22 @@ def make_logprob_fn(graphdef, *, num_microbatches: int = 1, chunk_size=None) -> 
                 x.reshape((size // num_microbatches, num_microbatches) + x.shape[1:]), 0, 1
             )
 
-        def one(args):
-            model = nnx.merge(graphdef, params, rest)
-            return response_logprobs(model, *args, chunk_size=chunk_size, with_entropy=True,
-                                     temperature=temperature)
+        model = nnx.merge(graphdef, params, rest)
+        prefix_table = None
+        if prompt_group_size > 1:
+            prefix_table = shared_prompt_prefix(model, prompt_tokens_bs[::prompt_group_size],
+                                                prompt_mask_bs[::prompt_group_size])
 
-        parts = (prompt_tokens_bs, prompt_mask_bs, tokens_bt, mask_bt)
+        def one(args):
+            *parts, index_b = args
+            prefix = None
+            if prefix_table is not None:
+                prefix = jax.tree.map(lambda x: jnp.take(x, index_b, axis=1), prefix_table)
+            return response_logprobs(model, *parts, chunk_size=chunk_size, with_entropy=True,
+                                     temperature=temperature, prefix=prefix)
+
+        index_b = jnp.arange(size, dtype=jnp.int32) // prompt_group_size
+        parts = (prompt_tokens_bs, prompt_mask_bs, tokens_bt, mask_bt, index_b)
         logp, ent = jax.lax.map(one, tuple(split(x) for x in parts))
 
         def merge(x):

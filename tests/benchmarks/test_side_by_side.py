@@ -44,13 +44,15 @@ def test_median_index_picks_the_middle_round(side_by_side):
 
 def test_pair_ratios_by_hand(side_by_side):
     ours = {"median_step_s": 50.0, "median_update_s": 38.0, "median_rollout_s": 12.0,
-            "update_fraction_of_matmul_peak": 0.58, "peak_rss_mb": 5900.0}
+            "update_fraction_of_matmul_peak": 0.75,
+            "update_executed_fraction_of_matmul_peak": 0.58, "peak_rss_mb": 5900.0}
     trl = side_by_side.best_of_trl([{"median_step_s": 100.0, "median_rollout_s": 30.0, "peak_rss_mb": 9000.0}])
     ratios = side_by_side.pair_ratios(ours, trl)
     assert ratios["step_ours_over_trl"] == pytest.approx(0.5)
     assert ratios["update_ours_over_trl"] == pytest.approx(38.0 / 70.0)
     assert ratios["rollout_speedup_vs_trl"] == pytest.approx(2.5)
-    assert ratios["update_fraction_of_f32_peak"] == 0.58
+    assert ratios["update_fraction_of_f32_peak"] == 0.58  # the executed FLOPs, not the nominal
+    assert ratios["update_nominal_fraction_of_f32_peak"] == 0.75
 
 
 def test_rounds_alternate_order_and_summarise(side_by_side, tmp_path, monkeypatch):
@@ -69,7 +71,8 @@ def test_rounds_alternate_order_and_summarise(side_by_side, tmp_path, monkeypatc
         if script == "rl_step.py":
             step = next(our_steps)
             record = {"median_step_s": step, "median_update_s": step - 10.0, "median_rollout_s": 10.0,
-                      "update_fraction_of_matmul_peak": 0.6, "peak_rss_mb": 5000.0, "load_1m_start": 1.0,
+                      "update_fraction_of_matmul_peak": 0.6,
+                      "update_executed_fraction_of_matmul_peak": 0.6, "peak_rss_mb": 5000.0, "load_1m_start": 1.0,
                       "prompts_sha": "abc", "steps": []}
             with open(out, "w") as f:
                 json.dump(record, f)
@@ -117,7 +120,8 @@ def test_best_of_trl_takes_each_figure_from_its_fastest_configuration(side_by_si
     assert best["best_rollout_s"] == 14.0
     assert best["best_update_s"] == 35.0  # 55 - 20 beats 50 - 14 and 51 - 14.5
     ratios = side_by_side.pair_ratios({"median_step_s": 30.0, "median_update_s": 21.0, "median_rollout_s": 7.0,
-                                       "update_fraction_of_matmul_peak": 0.5, "peak_rss_mb": 6000.0}, best)
+                                       "update_fraction_of_matmul_peak": 0.5,
+                                       "update_executed_fraction_of_matmul_peak": 0.5, "peak_rss_mb": 6000.0}, best)
     assert ratios["update_ours_over_trl"] == pytest.approx(21.0 / 35.0)
     assert ratios["rollout_speedup_vs_trl"] == pytest.approx(2.0)
 

@@ -129,3 +129,63 @@ def test_prompt_groups_are_checked_before_the_step():
     with pytest.raises(ValueError, match="prompt_group_size must be >= 1"):
         step_lib.LossConfig(prompt_group_size=0)
     step_lib.check_prompt_groups(batch, 4)  # the real layout passes
+
+
+@pytest.mark.slow
+def test_the_trainer_shares_prompts_when_minibatches_keep_whole_groups(tmp_path):
+    """With one minibatch per pass the RL trainer's rows are the round's [P, G] rows in
+    order: it shares each prompt, and two steps end where the unshared step ends."""
+    import dataclasses
+
+    from jaxrl_vr.models.tokenizers import CharTokenizer
+    from jaxrl_vr.tasks import arithmetic
+    from jaxrl_vr.train.assembly import _build_fns
+    from jaxrl_vr.train.config import RLConfig
+    from jaxrl_vr.train.loop import RLTrainer
+    from jaxrl_vr.verifiers.pool import score_serial
+
+    import trainer_testlib as lib
+
+    tokenizer = CharTokenizer(arithmetic.ARITHMETIC_ALPHABET)
+    items = arithmetic.make_items(0, 6, levels=(0,), split=None)
+    optim = OptimConfig(learning_rate=0.05, warmup_steps=1)
+
+    def trainer(name, num_minibatches):
+        rl = RLConfig(steps=2, prompts_per_step=2, samples_per_prompt=4, max_new_tokens=3,
+                      num_minibatches=num_minibatches, num_epochs=2, verifier_workers=0, seed=3)
+        return RLTrainer(lib.tiny_decoder(tokenizer.vocab_size), tokenizer, items, rl=rl,
+                         loss=step_lib.LossConfig(kl_beta=0.05), optim=optim,
+                         workdir=str(tmp_path / name), progress=False, tensorboard=False,
+                         scorer=score_serial)
+
+    assert trainer("split", 2).loss_structure.prompt_group_size == 1
+    shared, plain = trainer("shared", 1), trainer("plain", 1)
+    assert shared.loss_structure.prompt_group_size == 4
+    jitted, _ = _build_fns(plain.graphdef, optim, dataclasses.replace(plain.loss_structure, prompt_group_size=1),
+                           plain.loss_structure.num_microbatches)
+    plain.train_step = lambda state, batch: jitted(state, batch, plain.hyper, plain.rest)
+    rows_shared, rows_plain = shared.run(), plain.run()
+    assert [r["trained_tokens"] for r in rows_shared] == [r["trained_tokens"] for r in rows_plain]
+    chex.assert_trees_all_close(shared.state.train.params, plain.state.train.params, rtol=1e-4, atol=1e-5)
+
+
+def test_the_rl_config_keeps_prompt_group_size_for_the_trainer():
+    from experiments.configs import default as default_config
+    from jaxrl_vr.train.config import PipelineConfig, validate
+
+    tree = default_config.get_config("smoke").to_dict()
+    tree["loss"]["prompt_group_size"] = 4
+    with pytest.raises(ValueError, match="the trainer's to set"):
+        validate(PipelineConfig.from_dict(tree))
+
+
+def test_shared_prefix_logprobs_equal_the_full_sequences():
+    graphdef, params, rest = step_lib.split_model(_decoder(seed=5))
+    batch = _grouped_batch(6)
+    inputs = (batch.prompt_tokens_bs, batch.prompt_mask_bs, batch.tokens_bt, batch.mask_bt)
+    full = step_lib.make_logprob_fn(graphdef, num_microbatches=2)(params, rest, *inputs, 0.7)
+    shared = step_lib.make_logprob_fn(graphdef, num_microbatches=2, prompt_group_size=4)(
+        params, rest, *inputs, 0.7)
+    mask = np.asarray(batch.mask_bt)
+    for a, b in zip(shared, full):
+        np.testing.assert_allclose(np.where(mask, a, 0), np.where(mask, b, 0), rtol=1e-5, atol=1e-6)
