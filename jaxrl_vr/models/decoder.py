@@ -85,6 +85,10 @@ class PrefixKV(NamedTuple):
     keys_lbske: jax.Array
     values_lbske: jax.Array
 
+    def rows(self, index_b: jax.Array) -> "PrefixKV":
+        """The prefixes of rows `index_b` (int [B']): row b' continues prefix index_b[b']."""
+        return PrefixKV(*(jnp.take(x, index_b, axis=1) for x in self))
+
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     """x / sqrt(mean(x²) + eps) · weight, statistics in float32 (HF LlamaRMSNorm order)."""
@@ -332,7 +336,7 @@ class Decoder(nnx.Module):
 
         With `prefix` (from `prefix_kv`, one row per row of `tokens_bt`), the tokens continue
         those prefixes: every query also attends to the prefix slots where `prefix_mask_bs`
-        (bool [B, S]) is True, ahead of its own causal context, exactly as if prefix ++ tokens
+        (bool [B, S]; default all True) is True, ahead of its own causal context, exactly as if prefix ++ tokens
         ran as one sequence (pass the continuing positions in `positions_bt`).
         """
         tokens_bt, positions_bt, mask_bt = self._check_inputs(tokens_bt, positions_bt, mask_bt)
@@ -343,8 +347,9 @@ class Decoder(nnx.Module):
         if prefix is not None:
             s = prefix.keys_lbske.shape[2]
             chex.assert_shape([prefix.keys_lbske, prefix.values_lbske], (self.config.num_layers, b, s, None, None))
+            prefix_mask_bs = jnp.ones((b, s), bool) if prefix_mask_bs is None else prefix_mask_bs.astype(bool)
             chex.assert_shape(prefix_mask_bs, (b, s))
-            prefix_bts = jnp.broadcast_to(prefix_mask_bs.astype(bool)[:, None, :], (b, t, s))
+            prefix_bts = jnp.broadcast_to(prefix_mask_bs[:, None, :], (b, t, s))
             allowed_bts = jnp.concatenate([prefix_bts, allowed_bts], axis=2)
             xs = (xs, prefix.keys_lbske, prefix.values_lbske)
 

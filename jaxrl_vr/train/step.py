@@ -330,12 +330,21 @@ def response_logprobs(
     )
 
 
-def shared_prompt_prefix(model, prompt_tokens_ps, prompt_mask_ps):
-    """Keys and values of each prompt's first S − 1 tokens (``response_logprobs(prefix=)``):
+def _check_group_divides(rows: int, group_size: int) -> None:
+    if rows % group_size:
+        raise ValueError(f"loss.prompt_group_size={group_size} does not divide the batch of {rows} rows; "
+                         "set it to the samples per prompt G, or 1 to run every row's prompt.")
+
+
+def shared_prompt_prefix(model, prompt_tokens_bs, prompt_mask_bs, group_size: int):
+    """Keys and values of the first S − 1 tokens of each group's prompt, one row per group of
+    ``group_size`` consecutive rows (``response_logprobs(prefix=)`` after ``.rows(b // G)``):
     the part of the sequence that every response to the prompt shares."""
-    positions_ps = default_positions(prompt_mask_ps.astype(bool))
-    return model.prefix_kv(prompt_tokens_ps[:, :-1], positions_bs=positions_ps[:, :-1],
-                           mask_bs=prompt_mask_ps[:, :-1].astype(bool))
+    _check_group_divides(prompt_tokens_bs.shape[0], group_size)
+    tokens_ps = prompt_tokens_bs[::group_size]
+    mask_ps = prompt_mask_bs[::group_size].astype(bool)
+    positions_ps = default_positions(mask_ps)
+    return model.prefix_kv(tokens_ps[:, :-1], positions_bs=positions_ps[:, :-1], mask_bs=mask_ps[:, :-1])
 
 
 def check_prompt_groups(batch: "RolloutBatch", group_size: int) -> None:
@@ -347,9 +356,7 @@ def check_prompt_groups(batch: "RolloutBatch", group_size: int) -> None:
         return
     tokens_bs, mask_bs = (np.asarray(x) for x in arrays)
     rows = tokens_bs.shape[0]
-    if rows % group_size:
-        raise ValueError(f"loss.prompt_group_size={group_size} does not divide the batch of {rows} rows; "
-                         "set it to the samples per prompt G, or 1 to run every row's prompt.")
+    _check_group_divides(rows, group_size)
     for name, x in (("prompt_tokens_bs", np.where(mask_bs, tokens_bs, 0)), ("prompt_mask_bs", mask_bs)):
         grouped = x.reshape((rows // group_size, group_size) + x.shape[1:])
         bad = np.flatnonzero(~(grouped == grouped[:, :1]).all(axis=(1, 2)))
@@ -488,9 +495,7 @@ def make_loss_fn(graphdef, cfg: LossConfig):
     def microbatch_objective(params, rest, mb, hyper, controller, dens, prefix_table=None,
                              prompt_index_b=None):
         model = nnx.merge(graphdef, params, rest)
-        prefix = None
-        if prefix_table is not None:
-            prefix = jax.tree.map(lambda x: jnp.take(x, prompt_index_b, axis=1), prefix_table)
+        prefix = None if prefix_table is None else prefix_table.rows(prompt_index_b)
         (policy_num, kl_num, ent_num), sums = _microbatch_loss_terms(
             model, mb, hyper, controller, cfg, prefix
         )
@@ -515,21 +520,18 @@ def _accumulate(params, rest, batch, hyper, controller, cfg, objective_fn, with_
     """
     dens = loss_denominators(batch, cfg)
     group = cfg.prompt_group_size
-    rows = batch.tokens_bt.shape[0]
     shared = group > 1
     if shared:
-        if rows % group:
-            raise ValueError(f"loss.prompt_group_size={group} does not divide the batch of {rows} rows.")
 
         def prefix_fn(p):
-            model = nnx.merge(graphdef, p, rest)
-            return shared_prompt_prefix(model, batch.prompt_tokens_bs[::group], batch.prompt_mask_bs[::group])
+            return shared_prompt_prefix(nnx.merge(graphdef, p, rest), batch.prompt_tokens_bs,
+                                        batch.prompt_mask_bs, group)
 
         if with_grad:
             prefix_table, prefix_vjp = jax.vjp(prefix_fn, params)
         else:
             prefix_table = prefix_fn(params)
-        index_b = jnp.arange(rows, dtype=jnp.int32) // group
+        index_b = jnp.arange(batch.tokens_bt.shape[0], dtype=jnp.int32) // group
     mbs = _split_microbatches(batch, cfg.num_microbatches)
     xs = (mbs, _split_microbatches(index_b, cfg.num_microbatches)) if shared else (mbs, None)
     extra = (lambda index: (prefix_table, index)) if shared else (lambda index: ())
@@ -698,34 +700,20 @@ def make_logprob_fn(graphdef, *, num_microbatches: int = 1, chunk_size=None,
     def logprobs(params, rest, prompt_tokens_bs, prompt_mask_bs, tokens_bt, mask_bt,
                  temperature=1.0):
         size = tokens_bt.shape[0]
-        if size % num_microbatches or size % prompt_group_size:
-            raise ValueError(
-                f"{size} responses not divisible into {num_microbatches} micro-batches "
-                f"or groups of {prompt_group_size}."
-            )
-
-        def split(x):
-            return jnp.swapaxes(
-                x.reshape((size // num_microbatches, num_microbatches) + x.shape[1:]), 0, 1
-            )
-
         model = nnx.merge(graphdef, params, rest)
         prefix_table = None
         if prompt_group_size > 1:
-            prefix_table = shared_prompt_prefix(model, prompt_tokens_bs[::prompt_group_size],
-                                                prompt_mask_bs[::prompt_group_size])
+            prefix_table = shared_prompt_prefix(model, prompt_tokens_bs, prompt_mask_bs, prompt_group_size)
 
         def one(args):
             *parts, index_b = args
-            prefix = None
-            if prefix_table is not None:
-                prefix = jax.tree.map(lambda x: jnp.take(x, index_b, axis=1), prefix_table)
+            prefix = None if prefix_table is None else prefix_table.rows(index_b)
             return response_logprobs(model, *parts, chunk_size=chunk_size, with_entropy=True,
                                      temperature=temperature, prefix=prefix)
 
         index_b = jnp.arange(size, dtype=jnp.int32) // prompt_group_size
         parts = (prompt_tokens_bs, prompt_mask_bs, tokens_bt, mask_bt, index_b)
-        logp, ent = jax.lax.map(one, tuple(split(x) for x in parts))
+        logp, ent = jax.lax.map(one, _split_microbatches(parts, num_microbatches))
 
         def merge(x):
             return jnp.swapaxes(x, 0, 1).reshape((size,) + x.shape[2:])
