@@ -165,20 +165,45 @@ def attend_cache(q_bthe: jax.Array, k_bkes: jax.Array, v_bkse: jax.Array, allowe
                  compute_dtype: Any = None) -> jax.Array:
     """`attend` with the KV cache layouts: keys [B, Hkv, Dh, S], values [B, Hkv, S, Dh].
 
-    Same math as `attend`; the einsums are written in dot_general's natural output order
-    (batch b, k; then t, g; then s or e) so neither the cache nor the probabilities are
-    transposed: only the small query and output tensors are.
+    Same math as `attend`. A chunk of several tokens (prefill) uses two dots, written in
+    dot_general's natural output order (batch b, k; then t, g; then s or e) so neither the
+    cache nor the probabilities are transposed: only the small query and output tensors are.
+    A single token per row (a decode step) in float32 uses `_attend_one_token` instead.
     """
     b, t, h, e = q_bthe.shape
     kv_heads = k_bkes.shape[1]
     dtype = compute_dtype or q_bthe.dtype
     q_btkge = q_bthe.reshape(b, t, kv_heads, h // kv_heads, e)
-    logits = mixed_einsum("btkge,bkes->bktgs", q_btkge, k_bkes, dtype=dtype)
-    logits = logits * (1.0 / math.sqrt(e))
+    if t == 1 and jnp.dtype(dtype) == k_bkes.dtype == v_bkse.dtype == jnp.float32:
+        out_bktge = _attend_one_token(q_btkge, k_bkes, v_bkse, allowed_bts)
+    else:
+        logits = mixed_einsum("btkge,bkes->bktgs", q_btkge, k_bkes, dtype=dtype)
+        logits = logits * (1.0 / math.sqrt(e))
+        logits = jnp.where(allowed_bts[:, None, :, None, :], logits, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(logits, axis=-1)
+        out_bktge = mixed_einsum("bktgs,bkse->bktge", probs, v_bkse, dtype=dtype)
+    return jnp.transpose(out_bktge, (0, 2, 1, 3, 4)).reshape(b, t, h, e).astype(q_bthe.dtype)
+
+
+def _attend_one_token(q_btkge: jax.Array, k_bkes: jax.Array, v_bkse: jax.Array, allowed_bts: jax.Array
+                      ) -> jax.Array:
+    """Float32 decode-step attention (T = 1) as broadcast multiplies and sums; [B, Hkv, 1, G, Dh].
+
+    With one query per row, each (row, kv head) pair is a [G, Dh] x [Dh, S] product (G query
+    heads per kv head: 3 for SmolLM2): B * Hkv tiny matmuls that a dot library runs far
+    below its rate. As one multiply-and-reduce fusion per product the compiled SmolLM2 decode
+    step's attention took 40 instead of 69 ms for 30 layers at batch 64 on a 2-core AVX2
+    EPYC (docs/performance.md, "perf20"). Float32 only: with a bf16 cache the two dots read
+    it as it is, where this form would widen each layer's cache to float32 on every step.
+    """
+    q_bktge = jnp.transpose(q_btkge, (0, 2, 1, 3, 4))
+    e = q_bktge.shape[-1]
+    # [B, K, T, G, Dh, 1] * [B, K, 1, 1, Dh, S], summed over Dh.
+    logits = jnp.sum(q_bktge[..., None] * k_bkes[:, :, None, None], axis=-2) * (1.0 / math.sqrt(e))
     logits = jnp.where(allowed_bts[:, None, :, None, :], logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1)
-    out_bktge = mixed_einsum("bktgs,bkse->bktge", probs, v_bkse, dtype=dtype)
-    return jnp.transpose(out_bktge, (0, 2, 1, 3, 4)).reshape(b, t, h, e).astype(q_bthe.dtype)
+    # [B, K, T, G, S, 1] * [B, K, 1, 1, S, Dh], summed over S.
+    return jnp.sum(probs[..., None] * v_bkse[:, :, None, None], axis=-2)
 
 
 def default_positions(mask_bt: jax.Array) -> jax.Array:

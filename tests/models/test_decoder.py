@@ -1,8 +1,10 @@
 """Decoder numerics: HF parity (torch reference logits stored in tests/fixtures), RoPE, RMSNorm,
 KV-cache consistency, padding invariance, bf16."""
 
+import functools
 import math
 import os
+import re
 
 import chex
 import jax
@@ -12,7 +14,7 @@ import pytest
 import transformers
 from flax import nnx
 
-from jaxrl_vr.models import Decoder, DecoderConfig, from_pretrained
+from jaxrl_vr.models import Decoder, DecoderConfig, from_pretrained, set_compute_dtype
 from jaxrl_vr.models import decoder as decoder_lib
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
@@ -209,3 +211,57 @@ def test_config_from_hf_round_trip_and_errors():
         DecoderConfig.tiny(qk_norm=True).to_hf()  # qk_norm needs model_type qwen3.
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
         DecoderConfig.tiny(num_heads=4, num_kv_heads=3)
+
+
+class OneTokenAttentionTest(chex.TestCase):
+    """A float32 decode step's attention (one query per row) is broadcast multiplies and sums,
+    not dots; bf16 keeps the dots (checked for the same values here)."""
+
+    def _inputs(self, seed=0, batch=3, heads=6, kv_heads=2, dim=8, slots=10):
+        keys = jax.random.split(jax.random.key(seed), 3)
+        q_bthe = jax.random.normal(keys[0], (batch, 1, heads, dim))
+        k_bske = jax.random.normal(keys[1], (batch, slots, kv_heads, dim))
+        v_bske = jax.random.normal(keys[2], (batch, slots, kv_heads, dim))
+        valid_bs = np.ones((batch, slots), bool)
+        valid_bs[0, :7] = False  # Left padding: 3 valid slots.
+        valid_bs[1, :9] = False  # A single valid slot.
+        valid_bs[2, 4:6] = False  # Holes in the middle.
+        return q_bthe, k_bske, v_bske, jnp.asarray(valid_bs)[:, None, :]
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_matches_the_dot_form(self):
+        for compute_dtype in (jnp.float32, jnp.bfloat16):
+            q, k_bske, v_bske, allowed_bts = self._inputs()
+            cached = self.variant(functools.partial(decoder_lib.attend_cache, compute_dtype=compute_dtype))(
+                q, jnp.transpose(k_bske, (0, 2, 3, 1)), jnp.transpose(v_bske, (0, 2, 1, 3)), allowed_bts)
+            reference = decoder_lib.attend(q, k_bske, v_bske, allowed_bts, compute_dtype=compute_dtype)
+            tolerance = 1e-5 if compute_dtype == jnp.float32 else 2e-2
+            np.testing.assert_allclose(cached, reference, atol=tolerance, rtol=tolerance)
+            # Row 1 sees one slot: its output is that slot's value for each query head's kv head.
+            expected = jnp.repeat(v_bske[1, 9], 3, axis=0)
+            np.testing.assert_allclose(cached[1, 0], expected.astype(compute_dtype).astype(jnp.float32), atol=1e-6)
+
+    def test_hand_computed(self):
+        """One head, two slots: logits q·k/√2 = (1, 0), weights e/(e+1), 1/(e+1)."""
+        q = jnp.asarray([[[[1.0, 1.0]]]])
+        half = math.sqrt(2.0) / 2.0
+        keys_bkes = jnp.asarray([[[[half, 0.0], [half, 0.0]]]])  # Columns: k0 = (√2/2, √2/2), k1 = 0.
+        values_bkse = jnp.asarray([[[[2.0, 0.0], [0.0, 4.0]]]])
+        out = decoder_lib.attend_cache(q, keys_bkes, values_bkse, jnp.ones((1, 1, 2), bool))
+        w = math.e / (math.e + 1.0)
+        np.testing.assert_allclose(out[0, 0, 0], [2.0 * w, 4.0 * (1.0 - w)], rtol=1e-6)
+
+    def test_compiled_decode_step_has_no_attention_dots(self):
+        """float32: 7 dots per layer (q, k, v, o, gate, up, down) and the LM head at T = 1; the
+        two attention dots per layer come back for a chunk of 2 tokens and for bf16 compute."""
+        model = Decoder(DecoderConfig.tiny(vocab_size=64), rngs=nnx.Rngs(0))
+        layers = model.config.num_layers
+        step = nnx.jit(lambda m, t, p, c: m.decode_step(t, p, c))
+        counts = {}
+        for compute_dtype, t in (("float32", 1), ("float32", 2), ("bfloat16", 1)):
+            set_compute_dtype(model, compute_dtype)
+            tokens = jnp.ones((2, t), jnp.int32)
+            hlo = step.lower(model, tokens, tokens, model.init_cache(2, 8)).compile().as_text()
+            counts[compute_dtype, t] = len(re.findall(r" dot\(", hlo))
+        assert counts == {("float32", 1): 7 * layers + 1, ("float32", 2): 9 * layers + 1,
+                          ("bfloat16", 1): 9 * layers + 1}, counts
