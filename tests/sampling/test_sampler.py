@@ -6,11 +6,13 @@ import re
 
 import chex
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
+from jaxrl_vr import ratios
 from jaxrl_vr.models import from_pretrained, set_compute_dtype
 from jaxrl_vr.sampling import filter_logits, generate, sample_token
 from jaxrl_vr.sampling import sampler as sampler_lib
@@ -375,6 +377,51 @@ def test_inverse_cdf_draws_match_probabilities_across_blocks():
     first = categorical_inverse_cdf(jax.random.key(3), batch)
     np.testing.assert_array_equal(first, categorical_inverse_cdf(jax.random.key(3), batch))
     assert first.dtype == jnp.int32 and probs[int(first[0])] > 0 and probs[::-1][int(first[1])] > 0
+
+
+class SampleTokenAndLogprobTest(chex.TestCase):
+    """The decode loop's draw and log-prob: `sample_token`'s token, `ratios.token_logprobs`'s value."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_same_draw_and_untempered_logprob(self):
+        logits = 4.0 * jax.random.normal(jax.random.key(0), (5, 3 * CDF_BLOCK + 7))
+        fn = self.variant(sampler_lib.sample_token_and_logprob, static_argnames=("greedy", "use_filter"))
+        for temperature, greedy, use_filter in ((1.0, False, False), (0.7, False, False), (1.0, False, True),
+                                                (1.0, True, False)):
+            hyper = dict(temperature=jnp.float32(temperature), top_k=jnp.int32(5), top_p=jnp.float32(0.9),
+                         greedy=greedy, use_filter=use_filter)
+            for seed in range(3):
+                token, logp = fn(jax.random.key(seed), logits, **hyper)
+                np.testing.assert_array_equal(token, sample_token(jax.random.key(seed), logits, **hyper))
+                expected = ratios.token_logprobs(logits[:, None, :], token[:, None])[:, 0]
+                np.testing.assert_allclose(logp, expected, atol=1e-5, rtol=1e-6)
+                assert token.dtype == jnp.int32 and logp.dtype == jnp.float32
+
+    def test_hand_computed(self):
+        """Two tokens with logits (log 3, log 1): log π = log 3/4 or log 1/4 whatever the temperature."""
+        logits = jnp.log(jnp.asarray([[3.0, 1.0]]))
+        for temperature in (1.0, 0.5):
+            token, logp = sampler_lib.sample_token_and_logprob(
+                jax.random.key(0), logits, temperature=jnp.float32(temperature), top_k=jnp.int32(0),
+                top_p=jnp.float32(1.0), greedy=False, use_filter=False)
+            np.testing.assert_allclose(logp, np.log([[0.75, 0.25][int(token[0])]]), rtol=1e-6)
+
+    def test_temperature_one_reuses_the_draws_probabilities(self):
+        """At temperature 1 the log-normaliser comes from the draw's mass: that branch of the
+        `cond` has no exp (a second pass over the vocabulary); the other branch has one."""
+        jaxpr = jax.make_jaxpr(lambda z, t: sampler_lib.sample_token_and_logprob(
+            jax.random.key(0), z, temperature=t, top_k=jnp.int32(0), top_p=jnp.float32(1.0), greedy=False,
+            use_filter=False))(jnp.zeros((2, 8)), jnp.float32(1.0))
+        (cond,) = [eqn for eqn in jaxpr.eqns if eqn.primitive.name == "cond"]
+
+        def primitives(closed):
+            return {eqn.primitive.name for eqn in closed.jaxpr.eqns} | {
+                name for eqn in closed.jaxpr.eqns for sub in jax.extend.core.jaxprs_in_params(eqn.params)
+                for name in (e.primitive.name for e in sub.eqns)}
+
+        other_temperature, temperature_one = cond.params["branches"]
+        assert "exp" not in primitives(temperature_one)
+        assert "exp" in primitives(other_temperature)
 
 
 def test_input_errors(llama):
