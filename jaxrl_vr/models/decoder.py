@@ -178,11 +178,15 @@ def attend_cache(q_bthe: jax.Array, k_bkes: jax.Array, v_bkse: jax.Array, allowe
         out_bktge = _attend_one_token(q_btkge, k_bkes, v_bkse, allowed_bts)
     else:
         logits = mixed_einsum("btkge,bkes->bktgs", q_btkge, k_bkes, dtype=dtype)
-        logits = logits * (1.0 / math.sqrt(e))
-        logits = jnp.where(allowed_bts[:, None, :, None, :], logits, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(logits, axis=-1)
+        probs = _cache_softmax(logits * (1.0 / math.sqrt(e)), allowed_bts)
         out_bktge = mixed_einsum("bktgs,bkse->bktge", probs, v_bkse, dtype=dtype)
     return jnp.transpose(out_bktge, (0, 2, 1, 3, 4)).reshape(b, t, h, e).astype(q_bthe.dtype)
+
+
+def _cache_softmax(logits_bktgs: jax.Array, allowed_bts: jax.Array) -> jax.Array:
+    """float32 softmax over the slots s, finfo.min where `allowed_bts` is False."""
+    logits_bktgs = jnp.where(allowed_bts[:, None, :, None, :], logits_bktgs, jnp.finfo(jnp.float32).min)
+    return jax.nn.softmax(logits_bktgs, axis=-1)
 
 
 def _attend_one_token(q_btkge: jax.Array, k_bkes: jax.Array, v_bkse: jax.Array, allowed_bts: jax.Array
@@ -199,9 +203,8 @@ def _attend_one_token(q_btkge: jax.Array, k_bkes: jax.Array, v_bkse: jax.Array, 
     q_bktge = jnp.transpose(q_btkge, (0, 2, 1, 3, 4))
     e = q_bktge.shape[-1]
     # [B, K, T, G, Dh, 1] * [B, K, 1, 1, Dh, S], summed over Dh.
-    logits = jnp.sum(q_bktge[..., None] * k_bkes[:, :, None, None], axis=-2) * (1.0 / math.sqrt(e))
-    logits = jnp.where(allowed_bts[:, None, :, None, :], logits, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(logits, axis=-1)
+    logits = jnp.sum(q_bktge[..., None] * k_bkes[:, :, None, None], axis=-2)
+    probs = _cache_softmax(logits * (1.0 / math.sqrt(e)), allowed_bts)
     # [B, K, T, G, S, 1] * [B, K, 1, 1, S, Dh], summed over S.
     return jnp.sum(probs[..., None] * v_bkse[:, :, None, None], axis=-2)
 

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrl_vr import ratios
 from jaxrl_vr.models.decoder import Decoder, cast_matmul_weights, default_positions
 
 DEFAULT_BUCKET = 16
@@ -121,17 +122,19 @@ def categorical_inverse_cdf(key: jax.Array, logits_bv: jax.Array) -> jax.Array:
     Returns:
       int32 [B] token ids.
     """
-    logits_bv = logits_bv.astype(jnp.float32)
-    probs_bv = jnp.exp(logits_bv - jnp.max(logits_bv, axis=-1, keepdims=True))
-    return _inverse_cdf_draw(key, probs_bv)[0]
+    return _inverse_cdf_draw(key, logits_bv)[0]
 
 
-def _inverse_cdf_draw(key: jax.Array, probs_bv: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """`categorical_inverse_cdf` on unnormalised probabilities p ≥ 0 (float32 [B, V]).
+def _inverse_cdf_draw(key: jax.Array, logits_bv: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`categorical_inverse_cdf` with the draw's normaliser terms.
 
-    Returns (int32 [B] token ids, float32 [B] total mass Σ_v p).
+    Returns (int32 [B] token ids, float32 [B] max z, float32 [B] mass Σ_v exp(z_v − max z)),
+    so that logsumexp(z) = max z + log mass costs no second pass (`sample_token_and_logprob`).
     """
-    batch, vocab = probs_bv.shape
+    batch, vocab = logits_bv.shape
+    logits_bv = logits_bv.astype(jnp.float32)
+    max_b1 = jnp.max(logits_bv, axis=-1, keepdims=True)
+    probs_bv = jnp.exp(logits_bv - max_b1)
     num_blocks = -(-vocab // CDF_BLOCK)
     pad = num_blocks * CDF_BLOCK - vocab
     probs_bnk = jnp.pad(probs_bv, ((0, 0), (0, pad))).reshape(batch, num_blocks, CDF_BLOCK)
@@ -149,7 +152,7 @@ def _inverse_cdf_draw(key: jax.Array, probs_bv: jax.Array) -> tuple[jax.Array, j
     index_k = jnp.arange(CDF_BLOCK, dtype=jnp.int32)[None, :]
     last_positive_b = jnp.max(jnp.where(probs_bk > 0, index_k, 0), axis=-1)
     within_b = jnp.minimum(jnp.sum(cum_bk <= rest_b[:, None], axis=-1, dtype=jnp.int32), last_positive_b)
-    return block_b * CDF_BLOCK + within_b, cum_bn[:, -1]
+    return block_b * CDF_BLOCK + within_b, max_b1[:, 0], cum_bn[:, -1]
 
 
 def sample_token(key: jax.Array, logits_bv: jax.Array, *, temperature: jax.Array, top_k: jax.Array,
@@ -180,18 +183,20 @@ def sample_token_and_logprob(key: jax.Array, logits_bv: jax.Array, *, temperatur
       (int32 [B] tokens, float32 [B] log-probs).
     """
     logits_bv = logits_bv.astype(jnp.float32)
+
+    def separate_pass(token_b):
+        return ratios.token_logprobs(logits_bv[:, None, :], token_b[:, None])[:, 0]
+
     if greedy or use_filter:
         token_b = sample_token(key, logits_bv, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
                                use_filter=use_filter)
-        log_z_b = jax.nn.logsumexp(logits_bv, axis=-1)
-    else:
-        scaled_bv = logits_bv / temperature  # As `sample_token` scales, so the draw is the same.
-        max_b1 = jnp.max(scaled_bv, axis=-1, keepdims=True)
-        token_b, mass_b = _inverse_cdf_draw(key, jnp.exp(scaled_bv - max_b1))
-        log_z_b = jax.lax.cond(temperature == 1, lambda: max_b1[:, 0] + jnp.log(mass_b),
-                               lambda: jax.nn.logsumexp(logits_bv, axis=-1))
-    logp_b = jnp.take_along_axis(logits_bv, token_b[:, None], axis=-1)[:, 0] - log_z_b
-    return token_b, logp_b
+        return token_b, separate_pass(token_b)
+    token_b, max_b, mass_b = _inverse_cdf_draw(key, logits_bv / temperature)  # `sample_token`'s draw.
+
+    def from_the_draw(token_b):  # At temperature 1 the draw's max and mass are logsumexp(z)'s.
+        return jnp.take_along_axis(logits_bv, token_b[:, None], axis=-1)[:, 0] - (max_b + jnp.log(mass_b))
+
+    return token_b, jax.lax.cond(temperature == 1, from_the_draw, separate_pass, token_b)
 
 
 def _prefill(model: Decoder, layer_params, tokens_ps, mask_ps, max_len: int, cache_dtype=None):
