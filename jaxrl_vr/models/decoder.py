@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from typing import Any, NamedTuple, Sequence
 
 import chex
@@ -32,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrl_vr import host_cpu
 from jaxrl_vr.models.config import COMPUTE_DTYPES, DecoderConfig
 from jaxrl_vr.ratios import from_stackable, mixed_einsum, to_stackable
 
@@ -541,9 +543,16 @@ def set_compute_dtype(model: Decoder, compute_dtype: str | None) -> Decoder:
     float32 (bf16 parameters are then upcast at each matmul); None follows `param_dtype`
     (the default). Parameters are untouched; only the static config changes, so
     `nnx.split(model)` afterwards yields a graphdef that compiles the new policy.
+
+    bfloat16 on a CPU backend whose CPU has no bf16 dot units (an AVX2-only x86, say) warns
+    that float32 is faster there (`jaxrl_vr.host_cpu.mixed_precision_advice`).
     """
     if compute_dtype is not None and compute_dtype not in COMPUTE_DTYPES:
         raise ValueError(f"compute_dtype={compute_dtype!r}; expected one of {COMPUTE_DTYPES} or None.")
+    advice = host_cpu.mixed_precision_advice(compute_dtype, backend=jax.default_backend(),
+                                             cpuinfo=host_cpu.read_cpuinfo())
+    if advice:
+        warnings.warn(advice, RuntimeWarning, stacklevel=2)
     model.config = model.config.replace(compute_dtype=compute_dtype)
     return model
 

@@ -142,3 +142,30 @@ def test_both_peers_inherit_the_environment(side_by_side, tmp_path, monkeypatch)
         log = tmp_path / "peer.log"
         side_by_side.run(show, str(log), env=env)
         assert log.read_text().strip() == expected
+
+
+def _summary(median, low, high):
+    return {"median": median, "min": low, "max": high, "n": 3}
+
+
+def test_target_verdicts_by_hand(side_by_side):
+    fp32 = {"step_ours_over_trl": _summary(0.52, 0.49, 0.61), "update_fraction_of_f32_peak": _summary(0.73, 0.67, 0.79),
+            "rollout_speedup_vs_trl": _summary(1.9, 1.7, 2.1), "peak_rss_mb_ours": _summary(5831.0, 5773.0, 5831.0)}
+    bf16 = {"step_ours_over_trl": _summary(0.9, 0.8, 1.0), "rollout_speedup_vs_trl": _summary(2.5, 2.2, 2.7),
+            "peak_rss_mb_ours": _summary(6100.0, 6050.0, 6150.0)}
+    verdicts = {(v["precision"], v["ratio"]): v
+                for v in side_by_side.target_verdicts({"fp32": fp32, "bf16": bf16}, bf16_dot_units=False)}
+    step = verdicts[("fp32", "step_ours_over_trl")]
+    assert (step["met"], step["met_in_every_round"], step["worst_round"]) == (True, False, 0.61)
+    update = verdicts[("fp32", "update_fraction_of_f32_peak")]
+    assert (update["met"], update["met_in_every_round"], update["worst_round"]) == (True, True, 0.67)
+    rollout = verdicts[("fp32", "rollout_speedup_vs_trl")]
+    assert (rollout["met"], rollout["met_in_every_round"], rollout["worst_round"]) == (False, False, 1.7)
+    assert verdicts[("fp32", "peak_rss_mb_ours")]["met_in_every_round"]
+    assert not verdicts[("bf16", "peak_rss_mb_ours")]["met"]
+    # Without bf16 units the bf16 step target does not apply; rollout and memory still do.
+    assert not verdicts[("bf16", "step_ours_over_trl")]["applies"]
+    assert verdicts[("bf16", "rollout_speedup_vs_trl")]["applies"]
+    with_units = side_by_side.target_verdicts({"bf16": bf16}, bf16_dot_units=True)
+    assert all(v["applies"] for v in with_units)
+    assert {v["ratio"] for v in with_units} == {"step_ours_over_trl", "rollout_speedup_vs_trl", "peak_rss_mb_ours"}
