@@ -170,14 +170,14 @@ def attend_cache(q_bthe: jax.Array, k_bkes: jax.Array, v_bkse: jax.Array, allowe
     Same math as `attend`. A chunk of several tokens (prefill) uses two dots, written in
     dot_general's natural output order (batch b, k; then t, g; then s or e) so neither the
     cache nor the probabilities are transposed: only the small query and output tensors are.
-    A float32 decode step (one token per row) over many rows and a short cache uses
+    A float32 decode step (one token per row) over a cache of at most 512 slots uses
     `_attend_one_token` instead (`one_token_form_pays`).
     """
     b, t, h, e = q_bthe.shape
     kv_heads = k_bkes.shape[1]
     dtype = compute_dtype or q_bthe.dtype
     q_btkge = q_bthe.reshape(b, t, kv_heads, h // kv_heads, e)
-    if one_token_form_pays(b, t, k_bkes.shape[-1], (dtype, k_bkes.dtype, v_bkse.dtype)):
+    if one_token_form_pays(t, k_bkes.shape[-1], (dtype, k_bkes.dtype, v_bkse.dtype)):
         out_bktge = _attend_one_token(q_btkge, k_bkes, v_bkse, allowed_bts)
     else:
         logits = mixed_einsum("btkge,bkes->bktgs", q_btkge, k_bkes, dtype=dtype)
@@ -186,19 +186,18 @@ def attend_cache(q_bthe: jax.Array, k_bkes: jax.Array, v_bkse: jax.Array, allowe
     return jnp.transpose(out_bktge, (0, 2, 1, 3, 4)).reshape(b, t, h, e).astype(q_bthe.dtype)
 
 
-# Where `_attend_one_token` beat the two dots in a 30-layer SmolLM2-shaped decode step, float32,
-# 2-core AVX2 EPYC (docs/performance.md, "perf21"): 0.76-0.92x the dots' time at 16-64 rows
-# over 96-256 slots; 1.2-2.3x at 1-8 rows over 160-544 slots; a tie at 16-64 rows over 544.
-ONE_TOKEN_MIN_ROWS = 16
+# Where `_attend_one_token` beat the two dots, float32, 2-core AVX2 EPYC (docs/performance.md,
+# "perf21"): `generate` with SmolLM2-135M ran 1.08-1.09x faster with it at batch 1 and 8 over
+# 80 slots, 0.93x over 520 slots (8 samples x 512 tokens); alone, the attention of 30 layers
+# took 0.77-0.79x the dots' time at 64 rows over 96-256 slots and 0.96-1.28x over 544 slots.
 ONE_TOKEN_MAX_SLOTS = 512
 
 
-def one_token_form_pays(rows: int, tokens: int, slots: int, dtypes: Sequence[Any]) -> bool:
-    """Whether `attend_cache` uses the multiply-and-sum form: T = 1, float32 throughout, at
-    least ONE_TOKEN_MIN_ROWS rows and at most ONE_TOKEN_MAX_SLOTS cache slots (static shapes,
-    so the choice is made once per compiled program)."""
-    return (tokens == 1 and all(jnp.dtype(d) == jnp.float32 for d in dtypes)
-            and rows >= ONE_TOKEN_MIN_ROWS and slots <= ONE_TOKEN_MAX_SLOTS)
+def one_token_form_pays(tokens: int, slots: int, dtypes: Sequence[Any]) -> bool:
+    """Whether `attend_cache` uses the multiply-and-sum form: one token per row, float32
+    throughout, at most ONE_TOKEN_MAX_SLOTS cache slots (static shapes, so the choice is made
+    once per compiled program)."""
+    return tokens == 1 and all(jnp.dtype(d) == jnp.float32 for d in dtypes) and slots <= ONE_TOKEN_MAX_SLOTS
 
 
 def _cache_softmax(logits_bktgs: jax.Array, allowed_bts: jax.Array) -> jax.Array:
@@ -215,9 +214,10 @@ def _attend_one_token(q_btkge: jax.Array, k_bkes: jax.Array, v_bkse: jax.Array, 
     heads per kv head: 3 for SmolLM2): B * Hkv tiny matmuls that a dot library runs far
     below its rate. As one multiply-and-reduce fusion per product the compiled SmolLM2 decode
     step's attention took 40 instead of 69 ms for 30 layers at batch 64 on a 2-core AVX2
-    EPYC (docs/performance.md, "perf20"); with few rows or a long cache the dots win again
-    ("perf21"), so `attend_cache` asks `one_token_form_pays`. Float32 only: with a bf16 cache the two dots read
-    it as it is, where this form would widen each layer's cache to float32 on every step.
+    EPYC (docs/performance.md, "perf20"); over a long cache the dots win again ("perf21"),
+    so `attend_cache` asks `one_token_form_pays`. Float32 only: with a bf16 cache the two
+    dots read it as it is, where this form would widen each layer's cache to float32 on
+    every step.
     """
     q_bktge = jnp.transpose(q_btkge, (0, 2, 1, 3, 4))
     e = q_bktge.shape[-1]
