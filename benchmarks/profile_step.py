@@ -3,10 +3,14 @@
 Traces one warm train-step call with `jax.profiler`, sums the XLA:CPU thunk time per HLO
 instruction and labels each with its source op (HLO metadata op_name), so one can see where
 an update's time goes (dots forward/backward, LM head, softmax/entropy, weight slicing and
-gradient accumulation, optimizer).
+gradient accumulation, optimizer). `--by-source` sums the instructions of one source op (every
+layer's gate dot as one row); the header gives each thread's traced busy time (a lower bound:
+see `busy_by_thread`); `--timeline-ms` prints a window of both threads' ops, which shows what
+runs side by side and what runs alone.
 
     python benchmarks/profile_step.py --model-dir $PEERS_ROOT/models/smollm2-135m \\
-        --prompts-file prompts.jsonl [--what update|rollout] [--precision bf16] [--top 30] [--json out.json]
+        --prompts-file prompts.jsonl [--what update|rollout] [--precision bf16] [--top 30] \\
+        [--by-source] [--timeline-ms 10] [--json out.json]
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import re
 import sys
 import tempfile
 import time
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -50,28 +55,102 @@ def op_labels(hlo_text: str) -> dict[str, str]:
     return labels
 
 
-def profile(fn, labels, top: int, trace_dir: str) -> tuple[float, list]:
+SKIPPED_EVENTS = ("end:", "ThunkExecutor", "ThreadpoolListener")
+"""Trace events that are not one HLO instruction's work (nested executor spans, listener marks)."""
+
+
+class Event(NamedTuple):
+    thread: str
+    start_ns: int
+    duration_ns: int
+    name: str
+
+
+def thunk_events(data) -> list[Event]:
+    """Every XLA:CPU thunk event of a `jax.profiler.ProfileData`, by thread, in start order."""
+    events = []
+    for plane in data.planes:
+        for line in plane.lines:
+            if line.name == "python" or "ThreadpoolListener" in line.name:
+                continue
+            events.extend(Event(f"{plane.name}/{line.name}", e.start_ns, e.duration_ns, e.name)
+                          for e in line.events if not e.name.startswith(SKIPPED_EVENTS))
+    return sorted(events, key=lambda e: e.start_ns)
+
+
+def source_op(name: str, labels: dict[str, str]) -> str:
+    """The source op of HLO instruction `name`, without the per-instance numbers
+    ("while/body/btd,df->btf/dot_general" for every layer's ynn_fusion.N of that einsum)."""
+    return re.sub(r"\.\d+", "", labels.get(name, name))
+
+
+def sum_by_source(events: Sequence[Event], labels: dict[str, str]) -> list[dict]:
+    """Seconds and instance counts per source op, largest first."""
+    seconds, count = collections.Counter(), collections.Counter()
+    for event in events:
+        op = source_op(event.name, labels)
+        seconds[op] += event.duration_ns / 1e9
+        count[op] += 1
+    total = sum(seconds.values()) or 1.0
+    return [dict(op=op, seconds=sec, fraction=sec / total, count=count[op]) for op, sec in seconds.most_common()]
+
+
+WAIT_EVENTS = ("SlinkyThreadPool::Await",)
+"""Events of a thread waiting for the others' share of an op: listed, but not busy time."""
+
+
+def busy_by_thread(events: Sequence[Event]) -> dict[str, float]:
+    """Seconds each thread spent inside thunks, waits excluded.
+
+    A lower bound on its utilisation: the share of one op that YNNPACK hands to the other
+    thread is not traced there (an op that beats one thread's peak rate shows it, e.g. the
+    rollout's MLP down dot at 48 GFLOP/s on a CPU with 36 per thread).
+    """
+    busy = collections.Counter()
+    for event in events:
+        busy[event.thread] += 0.0 if event.name.startswith(WAIT_EVENTS) else event.duration_ns / 1e9
+    return dict(busy.most_common())
+
+
+def timeline(events: Sequence[Event], labels: dict[str, str], window_ms: float) -> list[str]:
+    """`window_ms` of both threads' thunks from the middle of the call: which ops run side by side."""
+    if not events:
+        return []
+    t0 = events[len(events) // 2].start_ns
+    threads = sorted({e.thread for e in events})
+    return [f"{(e.start_ns - t0) / 1e6:8.3f} ms {e.duration_ns / 1e6:7.3f} ms  thread {threads.index(e.thread)}  "
+            f"{source_op(e.name, labels)[-70:]}"
+            for e in events if t0 <= e.start_ns < t0 + window_ms * 1e6]
+
+
+def profile(fn, labels, top: int, trace_dir: str, by_source: bool = False, window_ms: float = 0.0):
     jax.profiler.start_trace(trace_dir)
     start = time.perf_counter()
     jax.block_until_ready(fn())
     wall = time.perf_counter() - start
     jax.profiler.stop_trace()
     path = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))[-1]
-    data = jax.profiler.ProfileData.from_file(path)
-    per_op = collections.Counter()
-    for plane in data.planes:
-        for line in plane.lines:
-            if line.name == "python" or "ThreadpoolListener" in line.name:
-                continue
-            for event in line.events:
-                if not event.name.startswith(("end:", "ThunkExecutor", "ThreadpoolListener")):
-                    per_op[event.name] += event.duration_ns / 1e9
-    total = sum(per_op.values())
-    rows = [(name, seconds, seconds / total, labels.get(name, "")) for name, seconds in per_op.most_common(top)]
-    print(f"wall {wall:.2f} s, summed op time {total:.2f} s (ops may overlap on threads)")
-    for name, seconds, frac, label in rows:
-        print(f"{seconds * 1e3:9.1f} ms {100 * frac:5.1f}%  {name[:28]:28s} {label}")
-    return wall, rows
+    events = thunk_events(jax.profiler.ProfileData.from_file(path))
+    if by_source:
+        rows = sum_by_source(events, labels)[:top]
+    else:
+        per_op = collections.Counter()
+        for event in events:
+            per_op[event.name] += event.duration_ns / 1e9
+        total = sum(per_op.values()) or 1.0
+        rows = [dict(name=name, seconds=sec, fraction=sec / total, op=labels.get(name, ""))
+                for name, sec in per_op.most_common(top)]
+    busy = busy_by_thread(events)
+    print(f"wall {wall:.2f} s, summed op time {sum(r['seconds'] for r in rows):.2f} s in the rows listed "
+          "(ops overlap on threads); "
+          "busy per thread: " + ", ".join(f"{sec:.2f} s" for sec in busy.values()))
+    for row in rows:
+        count = f"x{row['count']:<5d}" if by_source else f"{row['name'][:28]:28s}"
+        print(f"{row['seconds'] * 1e3:9.1f} ms {100 * row['fraction']:5.1f}%  {count} {row['op']}")
+    lines = timeline(events, labels, window_ms)
+    for line in lines:
+        print(line)
+    return wall, rows, busy, lines
 
 
 def main(argv=None):
@@ -84,6 +163,10 @@ def main(argv=None):
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--chunk", type=int, default=16)
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--by-source", action="store_true",
+                        help="sum the instructions of each source op (all layers' gate dots as one row)")
+    parser.add_argument("--timeline-ms", type=float, default=0.0,
+                        help="also print this many ms of both threads' ops from the middle of the call")
     parser.add_argument("--json", default=None)
     parser.add_argument("--release-host-memory", action="store_true",
                         help="JAX's default host memory handling instead of keep_host_memory(), as rl_step.py")
@@ -104,11 +187,12 @@ def main(argv=None):
         run = update_call(args, model, rollout)
     jax.block_until_ready(run())
     with tempfile.TemporaryDirectory() as trace_dir:
-        wall, rows = profile(run, run.labels, args.top, trace_dir)
+        wall, rows, busy, lines = profile(run, run.labels, args.top, trace_dir, args.by_source, args.timeline_ms)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"what": args.what, "precision": args.precision, "wall_s": wall, "load_1m": os.getloadavg()[0],
-                       "top": [dict(name=n, seconds=s, fraction=fr, op=lb) for n, s, fr, lb in rows]}, f, indent=2)
+                       "busy_s_by_thread": list(busy.values()), "by_source": args.by_source, "top": rows,
+                       "timeline": lines}, f, indent=2)
 
 
 def rollout_call(model, prompt_ps, mask_ps):

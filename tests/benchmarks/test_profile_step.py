@@ -1,0 +1,47 @@
+"""benchmarks/profile_step.py's trace summaries, on hand-made events (no profiler run)."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+
+import profile_step  # noqa: E402
+from profile_step import Event  # noqa: E402
+
+LABELS = {"ynn_fusion.7": "while/body/btd,df->btf/dot_general",
+          "ynn_fusion.12": "while/body/btd,df->btf/dot_general",
+          "ynn_fusion.3": "while/body/btf,fd->btd/dot_general"}
+EVENTS = [
+    Event("cpu/a", 0, 4_000_000, "ynn_fusion.7"),  # Gate and up dots side by side.
+    Event("cpu/b", 0, 3_000_000, "ynn_fusion.12"),
+    Event("cpu/a", 4_000_000, 2_000_000, "ynn_fusion.3"),  # Down dot alone on thread a ...
+    Event("cpu/a", 6_000_000, 1_000_000, "SlinkyThreadPool::Await"),  # ... then waits.
+    Event("cpu/b", 9_000_000, 500_000, "add_fusion.2"),  # No label: its own name, instance dropped.
+]
+
+
+def test_sum_by_source_merges_instances_by_hand():
+    rows = {r["op"]: r for r in profile_step.sum_by_source(EVENTS, LABELS)}
+    assert rows["while/body/btd,df->btf/dot_general"]["seconds"] == pytest.approx(7e-3)
+    assert rows["while/body/btd,df->btf/dot_general"]["count"] == 2
+    assert rows["while/body/btf,fd->btd/dot_general"]["count"] == 1
+    assert rows["add_fusion"]["seconds"] == pytest.approx(5e-4)
+    assert sum(r["fraction"] for r in rows.values()) == pytest.approx(1.0)
+    ordered = [r["seconds"] for r in profile_step.sum_by_source(EVENTS, LABELS)]
+    assert ordered == sorted(ordered, reverse=True)
+
+
+def test_busy_by_thread_leaves_out_waits():
+    busy = profile_step.busy_by_thread(EVENTS)
+    assert busy == pytest.approx({"cpu/a": 6e-3, "cpu/b": 3.5e-3})
+
+
+def test_timeline_window_from_the_middle():
+    lines = profile_step.timeline(EVENTS, LABELS, window_ms=3.5)
+    # The middle event (index 2) starts at 4 ms: the window holds it and the wait at 6 ms only.
+    assert len(lines) == 2
+    assert "thread 0" in lines[0] and "btf,fd->btd" in lines[0] and lines[0].lstrip().startswith("0.000 ms")
+    assert "SlinkyThreadPool::Await" in lines[1] and "2.000 ms" in lines[1]
+    assert profile_step.timeline([], LABELS, window_ms=5) == []
