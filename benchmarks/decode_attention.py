@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -38,24 +37,14 @@ DEFAULT_GRID = "1x96,1x544,8x96,8x160,8x256,8x544,16x96,16x544,32x96,32x544,64x9
 FORMS = ("dots", "one_token")
 
 
-def _two_dots(q_btkge, k_bkes, v_bkse, allowed_bts):
-    import jax.numpy as jnp
-
-    from jaxrl_vr.models import decoder
-    from jaxrl_vr.ratios import mixed_einsum
-
-    logits = mixed_einsum("btkge,bkes->bktgs", q_btkge, k_bkes, dtype=jnp.float32)
-    probs = decoder._cache_softmax(logits * (1.0 / math.sqrt(q_btkge.shape[-1])), allowed_bts)
-    return mixed_einsum("bktgs,bkse->bktge", probs, v_bkse, dtype=jnp.float32)
-
-
 def kernel(args) -> dict:
     import jax
     import jax.numpy as jnp
 
     from jaxrl_vr.models import decoder
 
-    forms = {"dots": _two_dots, "one_token": decoder._attend_one_token}
+    forms = {"dots": lambda q, k, v, allowed: decoder._attend_two_dots(q, k, v, allowed, jnp.float32),
+             "one_token": decoder._attend_one_token}
 
     def layers_program(form):
         @jax.jit

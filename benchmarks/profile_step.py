@@ -84,15 +84,26 @@ def source_op(name: str, labels: dict[str, str]) -> str:
     return re.sub(r"\.\d+", "", labels.get(name, name))
 
 
-def sum_by_source(events: Sequence[Event], labels: dict[str, str]) -> list[dict]:
-    """Seconds and instance counts per source op, largest first."""
+def sum_events(events: Sequence[Event], key) -> list[tuple[str, float, float, int]]:
+    """(key, seconds, share, count) of the events grouped by `key(event.name)`, largest first."""
     seconds, count = collections.Counter(), collections.Counter()
     for event in events:
-        op = source_op(event.name, labels)
-        seconds[op] += event.duration_ns / 1e9
-        count[op] += 1
+        seconds[key(event.name)] += event.duration_ns / 1e9
+        count[key(event.name)] += 1
     total = sum(seconds.values()) or 1.0
-    return [dict(op=op, seconds=sec, fraction=sec / total, count=count[op]) for op, sec in seconds.most_common()]
+    return [(k, sec, sec / total, count[k]) for k, sec in seconds.most_common()]
+
+
+def sum_by_source(events: Sequence[Event], labels: dict[str, str]) -> list[dict]:
+    """Seconds and instance counts per source op, largest first."""
+    return [dict(op=op, seconds=sec, fraction=share, count=n)
+            for op, sec, share, n in sum_events(events, lambda name: source_op(name, labels))]
+
+
+def sum_by_instruction(events: Sequence[Event], labels: dict[str, str]) -> list[dict]:
+    """Seconds per HLO instruction, with its source op, largest first."""
+    return [dict(name=name, op=labels.get(name, ""), seconds=sec, fraction=share, count=n)
+            for name, sec, share, n in sum_events(events, str)]
 
 
 WAIT_EVENTS = ("SlinkyThreadPool::Await",)
@@ -131,15 +142,7 @@ def profile(fn, labels, top: int, trace_dir: str, by_source: bool = False, windo
     jax.profiler.stop_trace()
     path = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))[-1]
     events = thunk_events(jax.profiler.ProfileData.from_file(path))
-    if by_source:
-        rows = sum_by_source(events, labels)[:top]
-    else:
-        per_op = collections.Counter()
-        for event in events:
-            per_op[event.name] += event.duration_ns / 1e9
-        total = sum(per_op.values()) or 1.0
-        rows = [dict(name=name, seconds=sec, fraction=sec / total, op=labels.get(name, ""))
-                for name, sec in per_op.most_common(top)]
+    rows = (sum_by_source if by_source else sum_by_instruction)(events, labels)[:top]
     busy = busy_by_thread(events)
     print(f"wall {wall:.2f} s, summed op time {sum(r['seconds'] for r in rows):.2f} s in the rows listed "
           "(ops overlap on threads); "

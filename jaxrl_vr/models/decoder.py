@@ -180,9 +180,7 @@ def attend_cache(q_bthe: jax.Array, k_bkes: jax.Array, v_bkse: jax.Array, allowe
     if one_token_form_pays(t, k_bkes.shape[-1], (dtype, k_bkes.dtype, v_bkse.dtype)):
         out_bktge = _attend_one_token(q_btkge, k_bkes, v_bkse, allowed_bts)
     else:
-        logits = mixed_einsum("btkge,bkes->bktgs", q_btkge, k_bkes, dtype=dtype)
-        probs = _cache_softmax(logits * (1.0 / math.sqrt(e)), allowed_bts)
-        out_bktge = mixed_einsum("bktgs,bkse->bktge", probs, v_bkse, dtype=dtype)
+        out_bktge = _attend_two_dots(q_btkge, k_bkes, v_bkse, allowed_bts, dtype)
     return jnp.transpose(out_bktge, (0, 2, 1, 3, 4)).reshape(b, t, h, e).astype(q_bthe.dtype)
 
 
@@ -204,6 +202,15 @@ def _cache_softmax(logits_bktgs: jax.Array, allowed_bts: jax.Array) -> jax.Array
     """float32 softmax over the slots s, finfo.min where `allowed_bts` is False."""
     logits_bktgs = jnp.where(allowed_bts[:, None, :, None, :], logits_bktgs, jnp.finfo(jnp.float32).min)
     return jax.nn.softmax(logits_bktgs, axis=-1)
+
+
+def _attend_two_dots(q_btkge: jax.Array, k_bkes: jax.Array, v_bkse: jax.Array, allowed_bts: jax.Array,
+                     dtype: Any) -> jax.Array:
+    """`attend_cache`'s dot form: q·K and p·V as two dots in `dtype` (float32 accumulation),
+    in dot_general's natural output order; returns [B, Hkv, T, G, Dh]."""
+    logits = mixed_einsum("btkge,bkes->bktgs", q_btkge, k_bkes, dtype=dtype)
+    probs = _cache_softmax(logits * (1.0 / math.sqrt(q_btkge.shape[-1])), allowed_bts)
+    return mixed_einsum("bktgs,bkse->bktge", probs, v_bkse, dtype=dtype)
 
 
 def _attend_one_token(q_btkge: jax.Array, k_bkes: jax.Array, v_bkse: jax.Array, allowed_bts: jax.Array

@@ -45,3 +45,11 @@ def test_timeline_window_from_the_middle():
     assert "thread 0" in lines[0] and "btf,fd->btd" in lines[0] and lines[0].lstrip().startswith("0.000 ms")
     assert "SlinkyThreadPool::Await" in lines[1] and "2.000 ms" in lines[1]
     assert profile_step.timeline([], LABELS, window_ms=5) == []
+
+
+def test_sum_by_instruction_keeps_instances_apart():
+    rows = {r["name"]: r for r in profile_step.sum_by_instruction(EVENTS, LABELS)}
+    assert rows["ynn_fusion.7"]["seconds"] == pytest.approx(4e-3)
+    assert rows["ynn_fusion.7"]["op"] == rows["ynn_fusion.12"]["op"] == "while/body/btd,df->btf/dot_general"
+    assert rows["add_fusion.2"]["op"] == ""
+    assert sum(r["fraction"] for r in rows.values()) == pytest.approx(1.0)
