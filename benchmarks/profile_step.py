@@ -40,7 +40,7 @@ from jaxrl_vr.models import from_pretrained, load_tokenizer, set_compute_dtype  
 from jaxrl_vr.sampling import generate  # noqa: E402
 from jaxrl_vr.sampling import sampler  # noqa: E402
 from jaxrl_vr.train import (  # noqa: E402
-    LossConfig, OptimConfig, RolloutBatch, StepHyper, init_train_state, make_optimizer, make_train_step,
+    OptimConfig, RolloutBatch, StepHyper, init_train_state, make_optimizer, make_train_step,
     split_model,
 )
 
@@ -164,7 +164,10 @@ def main(argv=None):
                         help="the train step on one rollout, or the rollout itself (generate's jitted core)")
     parser.add_argument("--precision", choices=tuple(rl_step.PRECISIONS), default="fp32")
     parser.add_argument("--microbatches", type=int, default=8)
-    parser.add_argument("--chunk", type=int, default=16)
+    parser.add_argument("--chunk", type=int, default=0,
+                        help="LM-head log-softmax time chunk; 0 = one chunk of the response, as rl_step.py")
+    parser.add_argument("--no-shared-prefix", action="store_true",
+                        help="every row's full prompt in the update, as rl_step.py --no-shared-prefix")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--by-source", action="store_true",
                         help="sum the instructions of each source op (all layers' gate dots as one row)")
@@ -216,7 +219,8 @@ def update_call(args, model, rollout):
     """The compiled train step on `rollout`, as a thunk with its op labels attached."""
     graphdef, params, rest = split_model(model)
     optim = make_optimizer(OptimConfig(learning_rate=1e-6, weight_decay=0.0, grad_clip_norm=1.0))
-    loss_cfg = LossConfig(num_microbatches=args.microbatches, logprob_chunk_size=args.chunk, detach_behaviour=True)
+    loss_cfg = rl_step.workload_loss_config(args.microbatches, args.chunk, rollout.tokens_bt.shape[1],
+                                            1 if args.no_shared_prefix else 8)
     state = init_train_state(params, optim, loss_cfg)
     train_step = make_train_step(graphdef, rest, optim, loss_cfg)
     batch = RolloutBatch(rollout.prompt_tokens_bs, rollout.prompt_mask_bs, rollout.tokens_bt, rollout.mask_bt,

@@ -155,6 +155,16 @@ def encode(tokenizer, texts, max_prompt_tokens: int):
     return tokens, mask
 
 
+def workload_loss_config(microbatches: int, chunk: int, max_new_tokens: int, group: int) -> LossConfig:
+    """The update's LossConfig for this workload (also what `profile_step.py` profiles).
+
+    `chunk` 0 = one LM-head chunk of the whole response; `group` = G shares each prompt's
+    prefix across its G rows (`LossConfig.prompt_group_size`), 1 runs every row's full prompt.
+    """
+    return LossConfig(num_microbatches=microbatches, logprob_chunk_size=chunk or max_new_tokens,
+                      detach_behaviour=True, prompt_group_size=group)
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", required=True, help="HF safetensors dir (config.json + tokenizer)")
@@ -196,10 +206,9 @@ def main(argv=None) -> dict:
     tokenizer = load_tokenizer(args.model_dir)
     graphdef, params, rest = split_model(model)
     optim = make_optimizer(OptimConfig(learning_rate=1e-6, weight_decay=0.0, grad_clip_norm=1.0))
-    chunk = args.chunk or args.max_new_tokens
     group = 1 if args.no_shared_prefix else args.gens
-    loss_cfg = LossConfig(num_microbatches=args.microbatches, logprob_chunk_size=chunk,
-                          detach_behaviour=True, prompt_group_size=group)
+    loss_cfg = workload_loss_config(args.microbatches, args.chunk, args.max_new_tokens, group)
+    chunk = loss_cfg.logprob_chunk_size
     state = init_train_state(params, optim, loss_cfg)
     train_step = make_train_step(graphdef, rest, optim, loss_cfg, donate=True)
     hyper = StepHyper.create()
