@@ -443,11 +443,6 @@ class Decoder(nnx.Module):
         _, (keys_lbske, values_lbske) = jax.lax.scan(body, self._embed(tokens_bs), self.layers.stacked())
         return PrefixKV(keys_lbske, values_lbske)
 
-    @property
-    def ties_embeddings(self) -> bool:
-        """Whether `unembed_matrix()` is the embedding transposed (no LM-head parameter)."""
-        return self.lm_head is None
-
     def unembed_matrix(self) -> jax.Array:
         """[D, V] output projection (embedding transposed when tied), parameter dtype (the
         master weights; consumers cast it to the compute dtype inside their matmul)."""

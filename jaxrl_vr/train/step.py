@@ -290,7 +290,6 @@ def response_logprobs(
     with_entropy=False,
     temperature=1.0,
     prefix=None,
-    unembed_dv=None,
 ):
     """log π(response token | prompt, earlier tokens) [B, T] f32 (+ entropy [B, T]).
 
@@ -303,10 +302,6 @@ def response_logprobs(
     prompt's forward: only the last prompt token (it predicts response token 0) and the
     response run through the blocks, attending to the prefix's keys and values. Same
     log-probs; the prompts must be left-padded (their last column real).
-
-    ``unembed_dv`` is ``model.unembed_matrix()`` computed by the caller (``_accumulate``
-    computes it once per step, so a tied embedding's [D, V] gradient is summed over the
-    micro-batches in that layout and transposed once); None computes it here.
     """
     chex.assert_rank([prompt_tokens_bs, tokens_bt], 2)
     chex.assert_equal_shape([prompt_tokens_bs, prompt_mask_bs])
@@ -328,7 +323,7 @@ def response_logprobs(
             prefix_mask_bs=prompt_mask_bs[:, : num_prompt - 1].astype(bool))
     return ratios.token_logprobs_from_hidden(
         hidden_btd,
-        (model.unembed_matrix() if unembed_dv is None else unembed_dv) / jnp.asarray(temperature, jnp.float32),
+        model.unembed_matrix() / jnp.asarray(temperature, jnp.float32),
         tokens_bt,
         chunk_size=chunk_size,
         with_entropy=with_entropy,
@@ -384,7 +379,7 @@ def _upper_eps(cfg: LossConfig, hyper: StepHyper, controller):
 
 
 def _microbatch_loss_terms(model, mb: RolloutBatch, hyper: StepHyper, controller, cfg: LossConfig,
-                           prefix=None, unembed_dv=None):
+                           prefix=None):
     """Per-micro-batch (numerator, denominator) of each loss term + metric sums."""
     mask_bt = mb.mask_bt.astype(bool)
     logp_bt, entropy_bt = response_logprobs(
@@ -397,7 +392,6 @@ def _microbatch_loss_terms(model, mb: RolloutBatch, hyper: StepHyper, controller
         with_entropy=True,
         temperature=hyper.temperature,
         prefix=prefix,
-        unembed_dv=unembed_dv,
     )
     # Data enters the loss here, stop-gradiented once (SPEC §2). Masked positions may hold
     # anything (inf/NaN from padding): zero them so no NaN reaches the backward pass.
@@ -494,20 +488,16 @@ def make_loss_fn(graphdef, cfg: LossConfig):
     objective policy_num/policy_den + kl_num/kl_den − c·ent_num/policy_den (SPEC §3.5), where
     kl_num = Σ (β + w_b)·KL_bt carries the global β and PBA's per-response weights.
 
-    ``hoisted`` (``hoisted_inputs``) holds what the step computes once from the parameters
-    before its micro-batches: a tied embedding's unembedding and, with ``cfg.prompt_group_size`` > 1, the
-    batch's prompt prefixes (one row per prompt; ``prompt_index_b`` is each row's prompt).
-    None computes the unembedding here and runs every row's full prompt.
+    With ``cfg.prompt_group_size`` > 1 it also takes the batch's prompt prefixes
+    (``shared_prompt_prefix``, one row per prompt) and each row's prompt index.
     """
 
-    def microbatch_objective(params, rest, mb, hyper, controller, dens, hoisted=None,
+    def microbatch_objective(params, rest, mb, hyper, controller, dens, prefix_table=None,
                              prompt_index_b=None):
         model = nnx.merge(graphdef, params, rest)
-        hoisted = hoisted or {}
-        prefix_table = hoisted.get("prefix")
         prefix = None if prefix_table is None else prefix_table.rows(prompt_index_b)
         (policy_num, kl_num, ent_num), sums = _microbatch_loss_terms(
-            model, mb, hyper, controller, cfg, prefix, hoisted.get("unembed_dv")
+            model, mb, hyper, controller, cfg, prefix
         )
         policy_den, kl_den = dens
         objective = losses.finalize(policy_num, policy_den)
@@ -521,60 +511,41 @@ def make_loss_fn(graphdef, cfg: LossConfig):
     return microbatch_objective
 
 
-def hoisted_inputs(model, batch: "RolloutBatch", group_size: int) -> dict:
-    """What every micro-batch reads from the parameters, computed once per step.
-
-    ``unembed_dv`` (a tied embedding only): the embedding transposed to [D, V]. Differentiated
-    per micro-batch through it, the LM head's gradient is summed in [D, V] and transposed
-    into the embedding's gradient once per step instead of once per micro-batch (a strided
-    113 MB copy on SmolLM2, ~0.27 s each on a 2-core EPYC; docs/performance.md "perf23"). It
-    costs one more [D, V] float32 accumulator. An untied LM head is a [D, V] parameter already,
-    and a model without a `ties_embeddings` attribute is asked for its unembedding inside.
-    ``prefix`` (``group_size`` > 1): each prompt's shared prefix, ``shared_prompt_prefix``.
-    """
-    hoisted = {"unembed_dv": model.unembed_matrix()} if getattr(model, "ties_embeddings", False) else {}
-    if group_size > 1:
-        hoisted["prefix"] = shared_prompt_prefix(model, batch.prompt_tokens_bs, batch.prompt_mask_bs,
-                                                 group_size)
-    return hoisted
-
-
-def _accumulate(params, rest, batch, hyper, controller, cfg, objective_fn, with_grad, graphdef):
+def _accumulate(params, rest, batch, hyper, controller, cfg, objective_fn, with_grad, graphdef=None):
     """Sum objective (and grads) over micro-batches; returns (loss, grads|None, sums).
 
-    What the micro-batches share (``hoisted_inputs``: a tied unembedding and, with
-    ``cfg.prompt_group_size`` G > 1, the prompts' prefixes) is computed once, before them
-    (``jax.vjp``); each micro-batch's gradient w.r.t. it is summed, and one backward pass
-    through ``hoisted_inputs`` adds its share to the parameters' gradient (the chain rule:
-    the same gradient, summed in another order).
+    With ``cfg.prompt_group_size`` G > 1 the prompts' prefixes run once, before the
+    micro-batches (``jax.vjp``); each micro-batch's gradient w.r.t. them is summed, and one
+    backward pass through the prefixes adds their share to the parameters' gradient.
     """
     dens = loss_denominators(batch, cfg)
     group = cfg.prompt_group_size
+    shared = group > 1
+    if shared:
 
-    def hoist(p):
-        return hoisted_inputs(nnx.merge(graphdef, p, rest), batch, group)
+        def prefix_fn(p):
+            return shared_prompt_prefix(nnx.merge(graphdef, p, rest), batch.prompt_tokens_bs,
+                                        batch.prompt_mask_bs, group)
 
-    if with_grad:
-        hoisted, hoisted_vjp = jax.vjp(hoist, params)
-    else:
-        hoisted = hoist(params)
+        if with_grad:
+            prefix_table, prefix_vjp = jax.vjp(prefix_fn, params)
+        else:
+            prefix_table = prefix_fn(params)
+        index_b = jnp.arange(batch.tokens_bt.shape[0], dtype=jnp.int32) // group
     mbs = _split_microbatches(batch, cfg.num_microbatches)
-    index_b = None
-    if group > 1:
-        index_b = _split_microbatches(jnp.arange(batch.tokens_bt.shape[0], dtype=jnp.int32) // group,
-                                      cfg.num_microbatches)
-    xs = (mbs, index_b)
+    xs = (mbs, _split_microbatches(index_b, cfg.num_microbatches)) if shared else (mbs, None)
+    extra = (lambda index: (prefix_table, index)) if shared else (lambda index: ())
     if with_grad:
-        value_and_grad = jax.value_and_grad(objective_fn, argnums=(0, 6), has_aux=True)
+        value_and_grad = jax.value_and_grad(objective_fn, argnums=(0, 6) if shared else 0, has_aux=True)
 
     def body(carry, mb_index):
         mb, index = mb_index
         loss_acc, grad_acc, sums_acc = carry
         if with_grad:
-            (loss, sums), grads = value_and_grad(params, rest, mb, hyper, controller, dens, hoisted, index)
+            (loss, sums), grads = value_and_grad(params, rest, mb, hyper, controller, dens, *extra(index))
             grad_acc = jax.tree.map(jnp.add, grad_acc, grads)
         else:
-            loss, sums = objective_fn(params, rest, mb, hyper, controller, dens, hoisted, index)
+            loss, sums = objective_fn(params, rest, mb, hyper, controller, dens, *extra(index))
         max_keys = {k for k in sums if k.endswith("_max")}
         sums_acc = {
             k: (jnp.maximum(sums_acc[k], v) if k in max_keys else sums_acc[k] + v)
@@ -584,17 +555,19 @@ def _accumulate(params, rest, batch, hyper, controller, cfg, objective_fn, with_
 
     first, first_index = jax.tree.map(lambda x: x[0], xs)
     sums_shape = jax.eval_shape(
-        lambda: objective_fn(params, rest, first, hyper, controller, dens, hoisted, first_index)[1]
+        lambda: objective_fn(params, rest, first, hyper, controller, dens, *extra(first_index))[1]
     )
     zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape)
     zeros_like = lambda tree: jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), tree)  # noqa: E731
-    zero_grads = (zeros_like(params), zeros_like(hoisted)) if with_grad else None
+    zero_grads = None
+    if with_grad:
+        zero_grads = (zeros_like(params), zeros_like(prefix_table)) if shared else zeros_like(params)
     init = (jnp.zeros((), jnp.float32), zero_grads, zero_sums)
     (loss, grads, sums), _ = jax.lax.scan(body, init, xs)
-    if with_grad:
-        param_grads, hoisted_grads = grads
-        (through_hoisted,) = hoisted_vjp(jax.tree.map(lambda g, x: g.astype(x.dtype), hoisted_grads, hoisted))
-        grads = jax.tree.map(lambda a, b: a + b.astype(a.dtype), param_grads, through_hoisted)
+    if with_grad and shared:
+        param_grads, prefix_grads = grads
+        (through_prefix,) = prefix_vjp(jax.tree.map(lambda g, x: g.astype(x.dtype), prefix_grads, prefix_table))
+        grads = jax.tree.map(lambda a, b: a + b.astype(a.dtype), param_grads, through_prefix)
     return loss, grads, sums, dens
 
 
