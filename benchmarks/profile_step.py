@@ -156,7 +156,7 @@ def profile(fn, labels, top: int, trace_dir: str, by_source: bool = False, windo
     return wall, rows, busy, lines
 
 
-def main(argv=None):
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--prompts-file", required=True)
@@ -176,7 +176,11 @@ def main(argv=None):
     parser.add_argument("--json", default=None)
     parser.add_argument("--release-host-memory", action="store_true",
                         help="JAX's default host memory handling instead of keep_host_memory(), as rl_step.py")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     if not args.release_host_memory:
         keep_host_memory()  # before any computation, as rl_step.py and experiments.train
 

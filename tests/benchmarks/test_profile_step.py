@@ -53,3 +53,18 @@ def test_sum_by_instruction_keeps_instances_apart():
     assert rows["ynn_fusion.7"]["op"] == rows["ynn_fusion.12"]["op"] == "while/body/btd,df->btf/dot_general"
     assert rows["add_fusion.2"]["op"] == ""
     assert sum(r["fraction"] for r in rows.values()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("chunk, shared", [(0, True), (16, False)])
+def test_the_profiled_update_is_rl_steps(chunk, shared):
+    """profile_step.py profiles the update rl_step.py times: one LossConfig for both (perf23
+    found the profiler on the pre-shared-prefix workload with LM-head chunks of 16)."""
+    import rl_step
+
+    cfg = rl_step.workload_loss_config(8, chunk, 64, 8 if shared else 1)
+    assert cfg.logprob_chunk_size == (chunk or 64)
+    assert cfg.prompt_group_size == (8 if shared else 1)
+    assert cfg.num_microbatches == 8 and cfg.detach_behaviour
+    args = ["--model-dir", "m", "--prompts-file", "p"] + ([] if shared else ["--no-shared-prefix"])
+    parsed = profile_step.parse_args(args + ["--chunk", str(chunk)])
+    assert (parsed.chunk, parsed.no_shared_prefix) == (chunk, not shared)
