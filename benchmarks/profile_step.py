@@ -45,6 +45,9 @@ from jaxrl_vr.train import (  # noqa: E402
 )
 
 
+PROMPTS, SAMPLES, NEW_TOKENS = 8, 8, 64  # rl_step.py's workload: P, G, response tokens
+
+
 def op_labels(hlo_text: str) -> dict[str, str]:
     """HLO instruction name -> a short label from its metadata op_name."""
     labels = {}
@@ -185,15 +188,15 @@ def main(argv=None):
         keep_host_memory()  # before any computation, as rl_step.py and experiments.train
 
     with open(args.prompts_file) as f:
-        texts = [json.loads(line) for line in f if line.strip()][:8]
+        texts = [json.loads(line) for line in f if line.strip()][:PROMPTS]
     model = set_compute_dtype(from_pretrained(args.model_dir), rl_step.PRECISIONS[args.precision])
     tokenizer = load_tokenizer(args.model_dir)
     prompt_ps, mask_ps = rl_step.encode(tokenizer, texts, 32)
     if args.what == "rollout":
         run = rollout_call(model, prompt_ps, mask_ps)
     else:
-        rollout = generate(jax.random.key(0), model, prompt_ps, mask_ps, num_samples=8, max_new_tokens=64,
-                           stop_token_ids=(), pad_id=0)
+        rollout = generate(jax.random.key(0), model, prompt_ps, mask_ps, num_samples=SAMPLES,
+                           max_new_tokens=NEW_TOKENS, stop_token_ids=(), pad_id=0)
         run = update_call(args, model, rollout)
     jax.block_until_ready(run())
     with tempfile.TemporaryDirectory() as trace_dir:
@@ -208,7 +211,8 @@ def main(argv=None):
 def rollout_call(model, prompt_ps, mask_ps):
     """generate's compiled core on the rl_step rollout (P = 8, G = 8, 64 tokens, EOS suppressed)."""
     core_args, core_kwargs = sampler.generate_core_call(
-        jax.random.key(1), model, prompt_ps, mask_ps, num_samples=8, max_new_tokens=64, temperature=1.0,
+        jax.random.key(1), model, prompt_ps, mask_ps, num_samples=SAMPLES, max_new_tokens=NEW_TOKENS,
+        temperature=1.0,
         top_p=1.0, top_k=0, greedy=False, stop_token_ids=(), pad_id=0, bucket=sampler.DEFAULT_BUCKET,
         cache_dtype=None)
     compiled = sampler._generate_core.lower(*core_args, **core_kwargs).compile()
@@ -224,12 +228,13 @@ def update_call(args, model, rollout):
     graphdef, params, rest = split_model(model)
     optim = make_optimizer(OptimConfig(learning_rate=1e-6, weight_decay=0.0, grad_clip_norm=1.0))
     loss_cfg = rl_step.workload_loss_config(args.microbatches, args.chunk, rollout.tokens_bt.shape[1],
-                                            1 if args.no_shared_prefix else 8)
+                                            1 if args.no_shared_prefix else SAMPLES)
     state = init_train_state(params, optim, loss_cfg)
     train_step = make_train_step(graphdef, rest, optim, loss_cfg)
     batch = RolloutBatch(rollout.prompt_tokens_bs, rollout.prompt_mask_bs, rollout.tokens_bt, rollout.mask_bt,
-                         jnp.asarray(np.linspace(-1, 1, 64, dtype=np.float32)), rollout.logp_bt, rollout.logp_bt,
-                         jnp.zeros((64,), jnp.float32))  # no PBA weight
+                         jnp.asarray(np.linspace(-1, 1, PROMPTS * SAMPLES, dtype=np.float32)),
+                         rollout.logp_bt, rollout.logp_bt,
+                         jnp.zeros((PROMPTS * SAMPLES,), jnp.float32))  # no PBA weight
     hyper = StepHyper.create()
     compiled = train_step.jitted.lower(state, batch, hyper, rest).compile()
 
