@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import rl_step  # noqa: E402
-from jaxrl_vr.host_memory import keep_host_memory  # noqa: E402
+from jaxrl_vr.host_memory import keep_host_memory, memory_optimized_cpu_schedule  # noqa: E402
 from jaxrl_vr.models import from_pretrained, load_tokenizer, set_compute_dtype  # noqa: E402
 from jaxrl_vr.sampling import generate  # noqa: E402
 from jaxrl_vr.sampling import sampler  # noqa: E402
@@ -179,11 +179,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--json", default=None)
     parser.add_argument("--release-host-memory", action="store_true",
                         help="JAX's default host memory handling instead of keep_host_memory(), as rl_step.py")
+    parser.add_argument("--concurrency-schedule", action="store_true",
+                        help="XLA:CPU's default scheduler instead of memory_optimized_cpu_schedule(), "
+                             "as rl_step.py --concurrency-schedule")
     return parser.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if not args.concurrency_schedule:
+        memory_optimized_cpu_schedule()  # before any computation, as rl_step.py and experiments.train
     if not args.release_host_memory:
         keep_host_memory()  # before any computation, as rl_step.py and experiments.train
 

@@ -29,7 +29,9 @@ test.
 
 Like ``experiments.train``, it calls ``jaxrl_vr.host_memory.keep_host_memory()`` first, so
 the process keeps the memory XLA frees (docs/performance.md, "perf17");
-``--release-host-memory`` measures JAX's default instead.
+``--release-host-memory`` measures JAX's default instead. It also asks XLA:CPU to schedule for
+memory (``memory_optimized_cpu_schedule()``, "perf24"); ``--concurrency-schedule`` keeps
+XLA's default.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from flax import nnx
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jaxrl_vr import advantages  # noqa: E402
-from jaxrl_vr.host_memory import keep_host_memory  # noqa: E402
+from jaxrl_vr.host_memory import keep_host_memory, memory_optimized_cpu_schedule  # noqa: E402
 from jaxrl_vr.models import from_pretrained, load_tokenizer, set_compute_dtype  # noqa: E402
 from jaxrl_vr.sampling import generate  # noqa: E402
 from jaxrl_vr.train import (  # noqa: E402
@@ -187,8 +189,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--release-host-memory", action="store_true",
                         help="let glibc return XLA's freed buffers to the kernel (the JAX default) "
                              "instead of jaxrl_vr.host_memory.keep_host_memory()")
+    parser.add_argument("--concurrency-schedule", action="store_true",
+                        help="keep XLA:CPU's default (concurrency-optimized) scheduler instead of "
+                             "jaxrl_vr.host_memory.memory_optimized_cpu_schedule()")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
+    if not args.concurrency_schedule:
+        memory_optimized_cpu_schedule()  # before any computation: XLA reads XLA_FLAGS then
     host_memory = None if args.release_host_memory else keep_host_memory()  # before any computation
 
     load_start = load_average()

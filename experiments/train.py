@@ -22,7 +22,7 @@ from typing import NoReturn
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxrl_vr.host_memory import HostMemoryPolicy, keep_host_memory
+from jaxrl_vr.host_memory import HostMemoryPolicy, keep_host_memory, memory_optimized_cpu_schedule
 from jaxrl_vr.train.loop import RunInterrupted, VerifierFailure
 from jaxrl_vr.train.pipeline import PipelineConfig, WorkdirError, run_pipeline
 
@@ -191,7 +191,11 @@ def config_from_flags(config) -> PipelineConfig:
 
 
 def apply_host_memory(cfg: PipelineConfig) -> HostMemoryPolicy | None:
-    """``run.keep_host_memory``: keep XLA's freed host memory; must precede any computation."""
+    """``run.keep_host_memory``: keep XLA's freed host memory; ``run.cpu_memory_schedule``:
+    XLA:CPU orders programs for memory. Both must precede any computation; returns the
+    first's policy (None when off)."""
+    if cfg.run.cpu_memory_schedule:
+        memory_optimized_cpu_schedule()
     if not cfg.run.keep_host_memory:
         return None
     policy = keep_host_memory()

@@ -23,7 +23,10 @@ peak of ``make run`` stays at 1.41 GB. Python also no longer overlaps with a run
 computation. That overlap is worth nothing when every step blocks on its metrics: with
 this policy, ``make run`` took 2:26 against 2:54.
 
-``release_free_heap()`` is the opposite, once: ``malloc_trim(0)`` hands back what is free at
+``memory_optimized_cpu_schedule()`` lowers the peak itself: XLA:CPU orders each program for
+memory instead of concurrency (-0.5 GB on the SmolLM2-135M update, "perf24").
+
+``release_free_heap()`` is the opposite of keeping, once: ``malloc_trim(0)`` hands back what is free at
 that moment. The checkpoint loaders call it after placing the weights, which returns their
 freed staging copies (730 MB for SmolLM2-135M; "perf18").
 """
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import os
 import platform
 import sys
 import warnings
@@ -47,9 +51,10 @@ _NEVER = -1  # mallopt takes an int; glibc widens -1 to SIZE_MAX for the trim th
 
 @dataclasses.dataclass(frozen=True)
 class HostMemoryPolicy:
-    """What ``keep_host_memory`` did.
+    """What ``keep_host_memory`` (or ``memory_optimized_cpu_schedule``) did.
 
-    ``kept`` is True when inline dispatch and both mallopt settings took effect.
+    ``kept`` is True when the policy took effect: for ``keep_host_memory`` inline dispatch and
+    both mallopt settings, for ``memory_optimized_cpu_schedule`` the flag added to XLA_FLAGS.
     """
 
     kept: bool
@@ -97,6 +102,39 @@ def keep_host_memory() -> HostMemoryPolicy:
         return HostMemoryPolicy(False, "glibc mallopt refused M_TRIM_THRESHOLD; nothing changed")
     jax.config.update("jax_cpu_enable_async_dispatch", False)
     return HostMemoryPolicy(True, "inline CPU dispatch; glibc keeps freed memory (no mmap, no trim)")
+
+
+CPU_MEMORY_SCHEDULE_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+
+
+def memory_optimized_cpu_schedule() -> HostMemoryPolicy:
+    """Ask XLA:CPU to order each program for memory, not for concurrency.
+
+    XLA:CPU's default scheduler starts operations as early as their inputs allow, so that
+    independent ones can run side by side. Operations that depend on nothing, such as the
+    zero-filled gradient stacks of the prompt prefix's backward pass, then start with the
+    step and stay resident through the micro-batch loop. With the memory-optimized order
+    the SmolLM2-135M update of the peer workload needs 2,701 instead of 3,197 MiB of
+    temporaries, and its peak RSS falls from 5,806-5,810 to 5,271-5,276 MiB. Its update time
+    moved within the VM's noise (29.6-31.2 s against 28.8-30.0 s) and the rollout's not at all
+    (docs/performance.md, "perf24").
+
+    XLA reads the flag from ``XLA_FLAGS`` when it creates the CPU client (a per-compile
+    option is accepted but not used by the CPU scheduler), so this appends it to the
+    environment and must run before the first JAX computation. It leaves ``XLA_FLAGS``
+    alone if the flag is already there (the caller's own setting wins) and changes nothing
+    once the backends exist (it warns). GPUs and TPUs ignore the flag.
+    """
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_cpu_enable_concurrency_optimized_scheduler" in flags:
+        return HostMemoryPolicy(False, "XLA_FLAGS already sets the CPU scheduler; left as it is")
+    if _backends_initialized():
+        reason = ("JAX's backends already exist, so XLA_FLAGS is no longer read; call "
+                  "jaxrl_vr.host_memory.memory_optimized_cpu_schedule() before the first JAX computation")
+        warnings.warn(reason, RuntimeWarning, stacklevel=2)
+        return HostMemoryPolicy(False, reason)
+    os.environ["XLA_FLAGS"] = f"{flags} {CPU_MEMORY_SCHEDULE_FLAG}".strip()
+    return HostMemoryPolicy(True, "XLA:CPU schedules for memory (" + CPU_MEMORY_SCHEDULE_FLAG + ")")
 
 
 def release_free_heap() -> int | None:

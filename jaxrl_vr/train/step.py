@@ -511,6 +511,19 @@ def make_loss_fn(graphdef, cfg: LossConfig):
     return microbatch_objective
 
 
+def runtime_zero(anchor: jax.Array) -> jax.Array:
+    """A float32 0 that XLA cannot treat as a constant: ``0 * anchor`` (finite `anchor`).
+
+    The gradient accumulators start from it. Zeros broadcast from a constant are merged by
+    XLA with every other constant zero of the same shape, among them the layer stacks that
+    the prefix's backward pass (after the micro-batch loop) fills, so one buffer of each
+    shape lived from the accumulators' start to that backward pass: 516 MiB for
+    SmolLM2-135M through the activation peak (docs/performance.md, "perf24"). XLA keeps
+    ``x * 0`` for floats (NaN and inf times 0 are NaN), so these zeros stay apart.
+    """
+    return jnp.zeros((), jnp.float32) * jnp.asarray(anchor, jnp.float32)
+
+
 def _accumulate(params, rest, batch, hyper, controller, cfg, objective_fn, with_grad, graphdef=None):
     """Sum objective (and grads) over micro-batches; returns (loss, grads|None, sums).
 
@@ -558,7 +571,8 @@ def _accumulate(params, rest, batch, hyper, controller, cfg, objective_fn, with_
         lambda: objective_fn(params, rest, first, hyper, controller, dens, *extra(first_index))[1]
     )
     zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape)
-    zeros_like = lambda tree: jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), tree)  # noqa: E731
+    zero = runtime_zero(dens[0])
+    zeros_like = lambda tree: jax.tree.map(lambda p: jnp.full(p.shape, zero, jnp.float32), tree)  # noqa: E731
     zero_grads = None
     if with_grad:
         zero_grads = (zeros_like(params), zeros_like(prefix_table)) if shared else zeros_like(params)
@@ -601,6 +615,29 @@ def init_train_state(
     )
 
 
+def guarded_optimizer_update(optimizer: optax.GradientTransformation, finite: jax.Array, grads, params,
+                             opt_state) -> tuple[Any, Any]:
+    """(new params, new optimizer state) when `finite`, else the inputs unchanged (NaN guard).
+
+    A `lax.cond`, not a select between the new and the old state: under the select, with the
+    state donated, each AdamW moment was read by the select and by the parameter update
+    while its new value was written in place, so XLA copied every moment at the start of
+    the step (2 × the parameters: 1,026 MiB for SmolLM2-135M, written and read once per
+    step). Inside the taken branch the moments are updated in place without copies
+    (docs/performance.md, "perf24"). A non-finite step also skips the optimizer's arithmetic.
+    """
+    def update(operands):
+        grads, params, opt_state = operands
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    def keep(operands):
+        _, params, opt_state = operands
+        return params, opt_state
+
+    return jax.lax.cond(finite, update, keep, (grads, params, opt_state))
+
+
 def make_train_step(
     graphdef,
     rest,
@@ -630,8 +667,8 @@ def make_train_step(
             graphdef=graphdef,
         )
         grad_norm = optax.tree.norm(grads)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        params, opt_state = guarded_optimizer_update(optimizer, finite, grads, state.params, state.opt_state)
         tokens = sums["tokens"]
         entropy_mean = losses.finalize(sums["entropy"], tokens)
         controller = state.controller
@@ -643,11 +680,9 @@ def make_train_step(
                 step_size=hyper.entropy_step_size,
                 k_max=hyper.entropy_k_max,
             )
-        new_state = TrainState(
-            step=state.step + 1, params=params, opt_state=opt_state, controller=controller
-        )
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
+        step_count, controller = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                              (state.step + 1, controller), (state.step, state.controller))
+        new_state = TrainState(step=step_count, params=params, opt_state=opt_state, controller=controller)
         if state_sharding is not None:
             new_state = jax.lax.with_sharding_constraint(new_state, state_sharding)
         metrics = {

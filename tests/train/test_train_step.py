@@ -1,6 +1,7 @@
 """Train step: hand-computed loss/grad, micro-batch exactness, no recompilation, NaN guard."""
 
 import math
+import re
 
 import chex
 import jax
@@ -194,7 +195,43 @@ def test_nonfinite_loss_leaves_state_unchanged_and_is_flagged():
     new_state, metrics = train_step(state, bad, step_lib.StepHyper.create())
     assert float(metrics["nonfinite"]) == 1.0
     chex.assert_trees_all_equal(new_state.params, state.params)
+    chex.assert_trees_all_equal(new_state.opt_state, state.opt_state)
     assert int(new_state.step) == 0
+    # The guard skips the update, not the run: the next finite batch trains as usual.
+    after, metrics = train_step(new_state, batch, step_lib.StepHyper.create())
+    assert float(metrics["nonfinite"]) == 0.0 and int(after.step) == 1
+    moved = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(after.opt_state),
+                                                      jax.tree.leaves(state.opt_state))]
+    assert any(moved)
+
+
+def _copied_entry_parameters(hlo_text: str) -> list[str]:
+    """Entry parameters of a compiled module that the module copies whole (rank >= 2)."""
+    entry = hlo_text[hlo_text.index("\nENTRY"):]
+    names = set(re.findall(r"%?([\w.\-]+): f32\[\d+,[\d,]*\]", entry.split("\n", 2)[1]))
+    return sorted(name for name in re.findall(r" copy\(%([\w.\-]+)\)", hlo_text) if name in names)
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_a_donated_step_updates_the_adam_moments_in_place(group):
+    """The NaN guard is a cond around the optimizer update: a select between the new and the
+    old state made XLA copy every AdamW moment (2x the parameters) at the start of the step."""
+    graphdef, params, rest = step_lib.split_model(lib.tiny_decoder())
+    optimizer = make_optimizer(OptimConfig(learning_rate=1e-2))
+    cfg = step_lib.LossConfig(num_microbatches=2, prompt_group_size=group)
+    state = step_lib.init_train_state(params, optimizer, cfg)
+    train_step = step_lib.make_train_step(graphdef, rest, optimizer, cfg, donate=True)
+    batch = lib.random_batch(0)
+    rows = np.arange(batch.adv_b.shape[0]) // group * group  # each group's rows share its first prompt
+    batch = batch._replace(prompt_tokens_bs=batch.prompt_tokens_bs[rows], prompt_mask_bs=batch.prompt_mask_bs[rows])
+    hlo = train_step.jitted.lower(state, batch, step_lib.StepHyper.create(), rest).compile().as_text()
+    assert _copied_entry_parameters(hlo) == []
+
+
+def test_runtime_zero_is_zero_and_not_a_constant():
+    assert float(step_lib.runtime_zero(jnp.float32(37.0))) == 0.0
+    jaxpr = jax.make_jaxpr(lambda d: jnp.full((2, 3), step_lib.runtime_zero(d)))(jnp.float32(5.0))
+    assert "mul" in str(jaxpr)  # computed from the anchor, so XLA cannot merge it with constant zeros
 
 
 def test_entropy_feedback_controller_widens_upper_clip_when_entropy_is_low():
