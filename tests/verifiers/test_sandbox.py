@@ -11,6 +11,11 @@ from jaxrl_vr.verifiers import VerifierPool, code_verifier, run_python, sandbox_
 from jaxrl_vr.verifiers.sandbox import extract_program
 
 TIMEOUT_S = 1.0
+# Programs that end at once get a deadline they cannot hit, and a killed program may take this
+# long past its deadline: on a 2-core CI machine with the other test worker compiling, starting
+# a sandboxed Python alone took 1.6 s. An unkilled infinite loop would still run for ever.
+FINISHES_AT_ONCE_S = 15.0
+KILL_MARGIN_S = 5.0
 
 
 def test_tests_are_counted_separately():
@@ -25,9 +30,9 @@ def test_tests_are_counted_separately():
 
 def test_early_exit_in_the_program_does_not_pass_tests():
     # A reward hack: the function exits the process with status 0 before the assert fails.
-    result = run_python("import os\ndef f(x):\n    os._exit(0)\n", ["assert f(1) == 2"], timeout_s=TIMEOUT_S)
+    result = run_python("import os\ndef f(x):\n    os._exit(0)\n", ["assert f(1) == 2"], timeout_s=FINISHES_AT_ONCE_S)
     assert (result.passed, result.status) == (0, "wrong")
-    result = run_python("import sys\nsys.exit(0)\n", ["assert undefined_name"], timeout_s=TIMEOUT_S)
+    result = run_python("import sys\nsys.exit(0)\n", ["assert undefined_name"], timeout_s=FINISHES_AT_ONCE_S)
     assert result.passed == 0 and result.program_error == "SystemExit"
 
 
@@ -35,21 +40,21 @@ def test_syntax_error_and_hanging_test():
     assert run_python("def f(:\n", ["assert True"], timeout_s=TIMEOUT_S).status == "unparsable"
     start = time.perf_counter()
     result = run_python("x = 1", ["while True: pass", "assert x == 1"], timeout_s=TIMEOUT_S)
-    assert time.perf_counter() - start < TIMEOUT_S + 1.0
+    assert time.perf_counter() - start < TIMEOUT_S + KILL_MARGIN_S
     assert result.test_passed == (False, True)  # the hanging test used only its share of the time
 
 
 def test_infinite_loop_is_killed_at_the_deadline():
     start = time.perf_counter()
     result = run_python("while True:\n    pass\n", ["assert True"], timeout_s=TIMEOUT_S)
-    assert time.perf_counter() - start < TIMEOUT_S + 1.0
+    assert time.perf_counter() - start < TIMEOUT_S + KILL_MARGIN_S
     assert (result.status, result.passed) == ("timeout", 0)
 
 
 def test_fork_bomb_is_contained():
     start = time.perf_counter()
     result = run_python("import os\nwhile True:\n    os.fork()\n", ["assert True"], timeout_s=TIMEOUT_S)
-    assert time.perf_counter() - start < TIMEOUT_S + 2.0
+    assert time.perf_counter() - start < TIMEOUT_S + KILL_MARGIN_S
     assert result.status in ("ok", "timeout", "wrong")
     # Nothing of it survives: the next run still gets processes.
     assert run_python("import os\nassert os.fork() >= 0 or True", ["assert True"], timeout_s=TIMEOUT_S).status == "ok"
