@@ -625,17 +625,43 @@ def guarded_optimizer_update(optimizer: optax.GradientTransformation, finite: ja
     the step (2 × the parameters: 1,026 MiB for SmolLM2-135M, written and read once per
     step). Inside the taken branch the moments are updated in place without copies
     (docs/performance.md, "perf24"). A non-finite step also skips the optimizer's arithmetic.
+
+    Both branches of a cond must return the same types. An optimizer whose update changes
+    a state leaf's dtype (optax's own keep theirs; a custom one might, e.g. bf16 moments
+    updated in float32) gets the kept state cast to the updated dtypes, as the select used
+    to promote them; a new tree structure or shape is an error that names the leaf.
     """
+    operands = (grads, params, opt_state)
+
     def update(operands):
         grads, params, opt_state = operands
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state
 
+    updated = jax.eval_shape(update, operands)  # Trace-time only: the types of the new state.
+
     def keep(operands):
         _, params, opt_state = operands
-        return params, opt_state
+        return _cast_like((params, opt_state), updated)
 
-    return jax.lax.cond(finite, update, keep, (grads, params, opt_state))
+    return jax.lax.cond(finite, update, keep, operands)
+
+
+def _cast_like(tree, like):
+    """`tree`'s arrays in the dtypes of `like`'s (same structure and shapes, else ValueError)."""
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    like_leaves, like_treedef = jax.tree_util.tree_flatten(like)
+    if treedef != like_treedef:
+        raise ValueError("The optimizer's update returned a state of another structure than its input: "
+                         f"{like_treedef} instead of {treedef}. The NaN guard keeps the old state on a "
+                         "non-finite step, so the update must keep the state's structure.")
+    cast = []
+    for (path, leaf), target in zip(leaves, like_leaves):
+        if jnp.shape(leaf) != target.shape:
+            raise ValueError(f"The optimizer's update changed the shape of {jax.tree_util.keystr(path)} from "
+                             f"{jnp.shape(leaf)} to {target.shape}; the NaN guard needs the state's shapes kept.")
+        cast.append(jnp.asarray(leaf).astype(target.dtype) if jnp.result_type(leaf) != target.dtype else leaf)
+    return jax.tree_util.tree_unflatten(treedef, cast)
 
 
 def make_train_step(

@@ -188,6 +188,49 @@ def test_train_step_microbatched_update_equals_full_batch_update():
         )
 
 
+def _widening_sgd():
+    """SGD whose state is a bfloat16 step count that each update returns as float32."""
+    import optax
+
+    def init(params):
+        del params
+        return jnp.zeros((), jnp.bfloat16)
+
+    def update(updates, count, params=None):
+        del params
+        return jax.tree.map(lambda g: -0.1 * g, updates), count.astype(jnp.float32) + 1
+
+    return optax.GradientTransformation(init, update)
+
+
+@pytest.mark.parametrize("finite", [True, False])
+def test_guarded_update_casts_the_kept_state_to_the_updated_dtypes(finite):
+    # A cond's branches must agree in type: without the cast, tracing this update fails.
+    params = {"w": jnp.ones(3, jnp.float32)}
+    optimizer = _widening_sgd()
+    grads = {"w": jnp.full(3, 2.0, jnp.float32)}
+    for guard in (step_lib.guarded_optimizer_update, jax.jit(step_lib.guarded_optimizer_update,
+                                                             static_argnums=0)):
+        new_params, new_count = guard(optimizer, jnp.asarray(finite), grads, params, optimizer.init(params))
+        assert new_count.dtype == jnp.float32
+        if finite:
+            np.testing.assert_allclose(np.asarray(new_params["w"]), 0.8)
+            assert float(new_count) == 1.0
+        else:
+            np.testing.assert_array_equal(np.asarray(new_params["w"]), 1.0)
+            assert float(new_count) == 0.0
+
+
+def test_guarded_update_names_a_state_whose_shape_the_update_changes():
+    import optax
+
+    growing = optax.GradientTransformation(lambda params: jnp.zeros(1),
+                                           lambda u, s, params=None: (u, jnp.zeros(2)))
+    params = {"w": jnp.ones(3)}
+    with pytest.raises(ValueError, match=r"changed the shape of .* from \(1,\) to \(2,\)"):
+        step_lib.guarded_optimizer_update(growing, jnp.asarray(True), params, params, growing.init(params))
+
+
 def test_nonfinite_loss_leaves_state_unchanged_and_is_flagged():
     train_step, state = _step_setup()
     batch = lib.random_batch(6)
