@@ -21,8 +21,14 @@ OMP_WAIT_POLICY=PASSIVE only; on an AMX Xeon its rollout then took a third longe
 step 60-75 % longer than at its best, so the earlier ratios flattered us: docs/performance.md
 "perf18".)
 
-Both peers inherit this process's environment, so an exported GLIBC_TUNABLES (for example
-transparent huge pages for malloc, docs/performance.md "perf16") applies to TRL as well.
+TRL also runs under each glibc malloc setting in `--trl-malloc` (default both): "default",
+glibc as it comes, which returns freed memory to the kernel and maps large blocks afresh, so
+every step page-faults its activations in again; and "keep", the policy our process sets
+itself (`jaxrl_vr.host_memory.keep_host_memory`: no mmap'd blocks, no trimming) given to TRL
+through GLIBC_TUNABLES. On a Zen 3 VM whose page faults had become costly, "keep" took TRL's
+step from 160 to 92 s (docs/performance.md "perf25"); measured without it, the ratios
+flattered us. Both peers also inherit this process's environment, so an exported
+GLIBC_TUNABLES (for example transparent huge pages for malloc, "perf16") applies to both.
 
 Targets (issue 12): fp32 step ≤ 0.6 × TRL fp32; update ≥ 60 % of the same run's f32 matmul
 peak; bf16 step ≤ 0.6 × TRL bf16 (CPUs with bf16 units); rollout ≥ 2 × TRL's generation
@@ -35,6 +41,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -87,8 +94,11 @@ def target_verdicts(ratios: dict, bf16_dot_units: bool | None) -> list[dict]:
     return verdicts
 
 
-def run(cmd: list[str], log_path: str, env: dict | None = None) -> float:
+def run(cmd: list[str], log_path: str, env: dict | None = None) -> dict:
+    """Runs one peer process; returns its wall time, CPU seconds and minor page faults
+    (`getrusage` of the waited-for child: what the whole process cost, setup included)."""
     t0 = time.time()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     print("$ " + " ".join(cmd), flush=True)
     with open(log_path, "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
@@ -96,7 +106,9 @@ def run(cmd: list[str], log_path: str, env: dict | None = None) -> float:
     if proc.returncode:
         tail = open(log_path).read()[-3000:]
         raise SystemExit(f"command failed ({proc.returncode}); log {log_path}:\n{tail}")
-    return time.time() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"wall_s": time.time() - t0, "user_s": after.ru_utime - before.ru_utime,
+            "kernel_s": after.ru_stime - before.ru_stime, "minor_faults": after.ru_minflt - before.ru_minflt}
 
 
 def trl_micro_batches(text: str) -> list[int]:
@@ -107,14 +119,42 @@ def trl_micro_batches(text: str) -> list[int]:
     return sizes
 
 
+# glibc malloc settings for TRL (`--trl-malloc`): GLIBC_TUNABLES added to its environment.
+# "keep" is the tunables form of `jaxrl_vr.host_memory.keep_host_memory` (M_MMAP_MAX = 0,
+# M_TRIM_THRESHOLD = never): freed memory stays in the heap for the next step.
+TRL_MALLOC = {
+    "default": "",
+    "keep": "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4611686018427387904",
+}
+
+
+def trl_malloc_settings(text: str) -> list[str]:
+    """`--trl-malloc` as a list of TRL_MALLOC names ("default,keep")."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [name for name in names if name not in TRL_MALLOC]
+    if not names or unknown:
+        raise SystemExit(f"--trl-malloc {text!r}: give one or more of {', '.join(TRL_MALLOC)}, comma-separated")
+    return names
+
+
+def trl_env(omp_wait_policy: str, malloc: str, inherited_tunables: str = "") -> dict | None:
+    """The variables TRL's process adds to the inherited environment: OMP_WAIT_POLICY when
+    set, and the malloc setting's tunables after any exported GLIBC_TUNABLES."""
+    env = {"OMP_WAIT_POLICY": omp_wait_policy} if omp_wait_policy else {}
+    if TRL_MALLOC[malloc]:
+        env["GLIBC_TUNABLES"] = ":".join(t for t in (inherited_tunables, TRL_MALLOC[malloc]) if t)
+    return env or None
+
+
 def best_of_trl(configs: list[dict]) -> dict:
     """TRL at its best over its configurations in one round: the record of the fastest step,
     with the fastest rollout and fastest update (step − rollout) of any configuration."""
     best = dict(min(configs, key=lambda c: c["median_step_s"]))
     best["best_rollout_s"] = min(c["median_rollout_s"] for c in configs)
     best["best_update_s"] = min(c["median_step_s"] - c["median_rollout_s"] for c in configs)
-    best["configs"] = [{k: c.get(k) for k in ("micro_batch", "median_step_s", "median_rollout_s", "peak_rss_mb",
-                                               "load_1m_start", "load_1m_end")} for c in configs]
+    best["configs"] = [{k: c.get(k) for k in ("micro_batch", "malloc", "median_step_s", "median_rollout_s",
+                                               "peak_rss_mb", "process", "load_1m_start", "load_1m_end")}
+                       for c in configs]
     return best
 
 
@@ -124,33 +164,36 @@ def run_pair(args, work: str, model_dir: str, trl_python: str, prompts: str, pre
     on the same prompts. Returns our record and TRL's best (`best_of_trl`)."""
     tag = f"{precision}_r{round_index}"
     ours_json = os.path.join(work, f"ours_{tag}.json")
-    loads = {}
+    loads, usage = {}, {}
     trl_records = []
 
     def ours_run():
         loads["ours"] = os.getloadavg()[0]
-        run([sys.executable, os.path.join(HERE, "rl_step.py"), "--model-dir", model_dir, "--prompts-file", prompts,
+        usage["ours"] = run([sys.executable, os.path.join(HERE, "rl_step.py"), "--model-dir", model_dir, "--prompts-file", prompts,
              "--warmup", str(args.warmup), "--steps", str(args.steps), "--precision", precision,
              "--json", ours_json] + args.ours_args.split(), os.path.join(work, f"ours_{tag}.log"))
 
     def trl_run():
         for micro_batch in trl_micro_batches(args.trl_micro_batch):
-            trl_json = os.path.join(work, f"trl_{tag}_mb{micro_batch}.jsonl")
-            load_start = os.getloadavg()[0]
-            run([trl_python, os.path.join(args.peers_dir, "bench_trl.py"), "--model", model_dir,
-                 "-W", str(args.warmup), "-N", str(args.steps), "--micro-batch", str(micro_batch),
-                 "--json-out", trl_json] + (["--bf16"] if precision == "bf16" else []),
-                os.path.join(work, f"trl_{tag}_mb{micro_batch}.log"),
-                env={"OMP_WAIT_POLICY": args.trl_omp_wait_policy} if args.trl_omp_wait_policy else None)
-            record = json.loads(open(trl_json).read().splitlines()[-1])
-            record["load_1m_start"], record["load_1m_end"] = load_start, os.getloadavg()[0]
-            trl_records.append(record)
+            for malloc in trl_malloc_settings(args.trl_malloc):
+                name = f"trl_{tag}_mb{micro_batch}_{malloc}"
+                trl_json = os.path.join(work, f"{name}.jsonl")
+                load_start = os.getloadavg()[0]
+                process = run([trl_python, os.path.join(args.peers_dir, "bench_trl.py"), "--model", model_dir,
+                     "-W", str(args.warmup), "-N", str(args.steps), "--micro-batch", str(micro_batch),
+                     "--json-out", trl_json] + (["--bf16"] if precision == "bf16" else []),
+                    os.path.join(work, f"{name}.log"),
+                    env=trl_env(args.trl_omp_wait_policy, malloc, os.environ.get("GLIBC_TUNABLES", "")))
+                record = json.loads(open(trl_json).read().splitlines()[-1])
+                record["load_1m_start"], record["load_1m_end"] = load_start, os.getloadavg()[0]
+                record["malloc"], record["process"] = malloc, process
+                trl_records.append(record)
 
     for step in ((ours_run, trl_run) if ours_first else (trl_run, ours_run)):
         step()
     ours = json.load(open(ours_json))
     trl = best_of_trl(trl_records)
-    ours["load_1m_before_run"] = loads["ours"]
+    ours["load_1m_before_run"], ours["process"] = loads["ours"], usage["ours"]
     ours["ran_first"], trl["ran_first"] = ours_first, not ours_first
     if trl.get("prompts_sha") != ours.get("prompts_sha"):
         print(f"WARNING: prompt sets differ ({trl.get('prompts_sha')} vs {ours.get('prompts_sha')})")
@@ -213,11 +256,16 @@ def main(argv=None) -> dict:
                         help="OMP_WAIT_POLICY for TRL; '' (default) keeps torch's own busy-waiting threads, "
                              "its fastest on a quiet machine. PASSIVE helps only when other processes hold "
                              "a core")
+    parser.add_argument("--trl-malloc", default="default,keep",
+                        help="glibc malloc settings for TRL, comma-separated, each run every round: "
+                             "'default' (glibc as it comes: freed memory goes back to the kernel) and 'keep' "
+                             "(our own policy, keep_host_memory, as GLIBC_TUNABLES); the ratios take TRL's best")
     parser.add_argument("--out", default=os.path.join(HERE, "rl_step_results.json"))
     parser.add_argument("--ours-args", default="", help="extra arguments for benchmarks/rl_step.py")
     args = parser.parse_args(argv)
 
     trl_micro_batches(args.trl_micro_batch)  # a bad list fails before any run
+    trl_malloc_settings(args.trl_malloc)
     model_dir = os.path.join(args.peers_root, "models", "smollm2-135m")
     trl_python = os.path.join(args.peers_root, "venv-trl", "bin", "python")
     for path in (model_dir, trl_python):
@@ -231,6 +279,7 @@ def main(argv=None) -> dict:
 
     results = {"cpu": cpu_flags(), "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds,
                "trl_micro_batch": args.trl_micro_batch, "trl_omp_wait_policy": args.trl_omp_wait_policy,
+               "trl_malloc": args.trl_malloc,
                # Inherited by both peers' processes.
                "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
                "runs": {}, "ratios": {}, "round_ratios": {}}
@@ -252,7 +301,7 @@ def main(argv=None) -> dict:
         results["ratios"][precision] = {name: summarise([r[name] for r in per_round])
                                         for name in per_round[0]}
     print(f"\n{'precision':>9} {'ours step':>9} {'TRL step':>9} {'ratio':>6} {'ours roll':>9} {'TRL roll':>9} "
-          f"{'speedup':>7} {'ours upd':>8} {'TRL upd':>8} {'upd/peak':>8} {'RSS MB':>7} {'load':>5} {'TRL mb':>6}")
+          f"{'speedup':>7} {'ours upd':>8} {'TRL upd':>8} {'upd/peak':>8} {'RSS MB':>7} {'load':>5} {'TRL cfg':>10}")
     for precision, run_ in results["runs"].items():
         o, t = run_["jaxrl_vr"], run_["trl"]
         r = {k: v["median"] for k, v in results["ratios"][precision].items()}
@@ -261,9 +310,15 @@ def main(argv=None) -> dict:
               f"{r['rollout_speedup_vs_trl']:7.2f} "
               f"{o['median_update_s']:8.2f} {t['best_update_s']:8.2f} "
               f"{r['update_fraction_of_f32_peak']:8.2f} {o['peak_rss_mb']:7.0f} {o['load_1m_start']:5.1f} "
-              f"{t['micro_batch']:>6}")
+              f"{str(t['micro_batch']) + '/' + str(t.get('malloc')):>10}")
     print("(TRL: its best in the representative round: fastest step, rollout and update of any micro-batch "
-          "size; 'TRL mb' is the fastest step's)")
+          "size and malloc setting; 'TRL cfg' is the fastest step's, micro-batch/malloc)")
+    for precision, run_ in results["runs"].items():
+        for who, process in [("ours", run_["jaxrl_vr"].get("process"))] + [
+                (f"TRL {c['micro_batch']}/{c['malloc']}", c.get("process")) for c in run_["trl"]["configs"]]:
+            if process:
+                print(f"{precision:>9} {who:<16} process: {process['kernel_s']:7.1f} s kernel, "
+                      f"{process['user_s']:7.1f} s user, {process['minor_faults'] / 1e6:6.2f} M minor faults")
     if args.rounds > 1:
         print(f"\nmedian [min, max] over {args.rounds} rounds; the range covers the median ratio with "
               f"probability {range_coverage(args.rounds):.0%} (distribution-free):")

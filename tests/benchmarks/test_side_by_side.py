@@ -60,8 +60,8 @@ def test_rounds_alternate_order_and_summarise(side_by_side, tmp_path, monkeypatc
     (peers_root / "models" / "smollm2-135m").mkdir(parents=True)
     (peers_root / "venv-trl" / "bin").mkdir(parents=True)
     (peers_root / "venv-trl" / "bin" / "python").write_text("")
-    calls = []
-    our_steps = iter([50.0, 60.0, 40.0])  # step ratios 0.5, 0.6, 0.4 against TRL's 100 s
+    calls, trl_envs = [], []
+    our_steps = iter([45.0, 54.0, 36.0])  # step ratios 0.5, 0.6, 0.4 against TRL's best, 90 s
 
     def fake_run(cmd, log_path, env=None):
         script = os.path.basename(next(c for c in cmd if c.endswith(".py")))
@@ -77,23 +77,30 @@ def test_rounds_alternate_order_and_summarise(side_by_side, tmp_path, monkeypatc
             with open(out, "w") as f:
                 json.dump(record, f)
         elif script == "bench_trl.py":
-            # Micro-batches of 8: step 100 s; all at once: a slower step, a faster rollout.
+            # (micro-batch, malloc) -> (step, rollout): micro-batches of 8 under "keep" have the
+            # fastest step and update, all at once under glibc's default the fastest rollout.
             micro_batch = int(cmd[cmd.index("--micro-batch") + 1])
-            record = ({"median_step_s": 100.0, "median_rollout_s": 30.0} if micro_batch == 8 else
-                      {"median_step_s": 120.0, "median_rollout_s": 25.0})
+            keep = "mmap_max=0" in ((env or {}).get("GLIBC_TUNABLES") or "")
+            trl_envs.append((env or {}).get("GLIBC_TUNABLES"))
+            step_s, rollout_s = {(8, False): (100.0, 30.0), (8, True): (90.0, 32.0), (0, False): (120.0, 25.0),
+                                 (0, True): (115.0, 26.0)}[micro_batch, keep]
+            record = {"median_step_s": step_s, "median_rollout_s": rollout_s}
             with open(out, "w") as f:
                 f.write(json.dumps({**record, "micro_batch": micro_batch or 64, "peak_rss_mb": 9000.0,
                                     "prompts_sha": "abc"}) + "\n")
-        return 0.0
+        return {"wall_s": 1.0, "user_s": 1.0, "kernel_s": 0.5, "minor_faults": len(calls)}
 
     monkeypatch.setattr(side_by_side, "run", fake_run)
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
     out = tmp_path / "result.json"
     result = side_by_side.main(["--peers-root", str(peers_root), "--precisions", "fp32", "--rounds", "3",
                                 "--out", str(out)])
-    # Each round: ours and TRL in both of its default configurations (8, then all at once).
-    trl = ["bench_trl.py", "bench_trl.py"]
+    # Each round: ours and TRL in its four default configurations (micro-batches of 8, then all
+    # at once, each under glibc's default malloc and under "keep").
+    trl = ["bench_trl.py"] * 4
     assert calls == ["prompts.py", "rl_step.py", *trl, *trl, "rl_step.py", "rl_step.py", *trl]
+    keep = "glibc.malloc.hugetlb=1:" + side_by_side.TRL_MALLOC["keep"]  # after the exported tunables
+    assert trl_envs == [None, keep, None, keep] * 3
     step = result["ratios"]["fp32"]["step_ours_over_trl"]
     assert (step["median"], step["min"], step["max"]) == (0.5, 0.4, 0.6)
     assert step["range_coverage_of_median"] == pytest.approx(0.75)
@@ -102,13 +109,20 @@ def test_rounds_alternate_order_and_summarise(side_by_side, tmp_path, monkeypatc
     assert result["runs"]["fp32"]["jaxrl_vr"]["ran_first"] is True
     assert json.loads(out.read_text())["rounds"] == 3
     assert result["glibc_tunables"] == "glibc.malloc.hugetlb=1"
-    # Against TRL's best: the step of micro-batches of 8, the rollout of all-at-once (30 / 25 s
-    # against our 10 s), the update of micro-batches of 8 (70 s against our 40 s in round 0).
+    # Against TRL's best: the step of micro-batches of 8 under "keep", the rollout of all at
+    # once under glibc's default (25 s against our 10 s), the update of 8 under "keep" (90 − 32
+    # = 58 s against our 35 s in round 0).
     first = result["round_ratios"]["fp32"][0]
     assert first["rollout_speedup_vs_trl"] == pytest.approx(2.5)
-    assert first["update_ours_over_trl"] == pytest.approx(40.0 / 70.0)
-    assert result["runs"]["fp32"]["trl"]["micro_batch"] == 8
-    assert [c["micro_batch"] for c in result["runs"]["fp32"]["trl"]["configs"]] == [8, 64]
+    assert first["update_ours_over_trl"] == pytest.approx(35.0 / 58.0)
+    best = result["runs"]["fp32"]["trl"]
+    assert (best["micro_batch"], best["malloc"]) == (8, "keep")
+    assert [(c["micro_batch"], c["malloc"]) for c in best["configs"]] == [(8, "default"), (8, "keep"),
+                                                                         (64, "default"), (64, "keep")]
+    assert result["trl_malloc"] == "default,keep"
+    # Every run's process cost is recorded with its figures (here: its position in the calls).
+    assert [c["process"]["minor_faults"] for c in best["configs"]] == [3, 4, 5, 6]
+    assert result["runs"]["fp32"]["jaxrl_vr"]["process"]["minor_faults"] == 2
 
 
 def test_best_of_trl_takes_each_figure_from_its_fastest_configuration(side_by_side):
@@ -131,6 +145,22 @@ def test_a_bad_micro_batch_list_fails_before_any_run(side_by_side):
         side_by_side.trl_micro_batches("8,-1")
 
 
+def test_a_bad_malloc_setting_fails_before_any_run(side_by_side):
+    with pytest.raises(SystemExit, match="--trl-malloc 'default,hugepages'"):
+        side_by_side.trl_malloc_settings("default,hugepages")
+    assert side_by_side.trl_malloc_settings(" keep ") == ["keep"]
+
+
+def test_trl_env_adds_the_malloc_tunables_after_the_exported_ones(side_by_side):
+    keep = side_by_side.TRL_MALLOC["keep"]
+    assert "glibc.malloc.mmap_max=0" in keep and "glibc.malloc.trim_threshold=" in keep
+    assert side_by_side.trl_env("", "default") is None
+    assert side_by_side.trl_env("PASSIVE", "default", "glibc.malloc.hugetlb=1") == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert side_by_side.trl_env("", "keep") == {"GLIBC_TUNABLES": keep}
+    assert side_by_side.trl_env("", "keep", "glibc.malloc.hugetlb=1") == {
+        "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1:" + keep}
+
+
 def test_both_peers_inherit_the_environment(side_by_side, tmp_path, monkeypatch):
     # An exported GLIBC_TUNABLES reaches both peers: TRL's run adds its own OMP_WAIT_POLICY
     # on top and must still see it, like our run does.
@@ -140,8 +170,10 @@ def test_both_peers_inherit_the_environment(side_by_side, tmp_path, monkeypatch)
     for env, expected in ((None, "glibc.malloc.hugetlb=1 None"),
                           ({"OMP_WAIT_POLICY": "PASSIVE"}, "glibc.malloc.hugetlb=1 PASSIVE")):
         log = tmp_path / "peer.log"
-        side_by_side.run(show, str(log), env=env)
+        usage = side_by_side.run(show, str(log), env=env)
         assert log.read_text().strip() == expected
+        # The child's own cost: starting Python faults in pages and takes CPU time.
+        assert usage["minor_faults"] > 0 and usage["user_s"] + usage["kernel_s"] > 0 and usage["wall_s"] > 0
 
 
 def _summary(median, low, high):
