@@ -52,6 +52,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
 from jaxrl_vr import host_cpu  # noqa: E402
+from jaxrl_vr.host_memory import KEEP_HOST_MEMORY_TUNABLES  # noqa: E402
 
 
 def cpu_flags() -> dict:
@@ -120,12 +121,9 @@ def trl_micro_batches(text: str) -> list[int]:
 
 
 # glibc malloc settings for TRL (`--trl-malloc`): GLIBC_TUNABLES added to its environment.
-# "keep" is the tunables form of `jaxrl_vr.host_memory.keep_host_memory` (M_MMAP_MAX = 0,
-# M_TRIM_THRESHOLD = never): freed memory stays in the heap for the next step.
-TRL_MALLOC = {
-    "default": "",
-    "keep": "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4611686018427387904",
-}
+# "keep" is `jaxrl_vr.host_memory.keep_host_memory`'s policy (no mmap, no trim): freed memory
+# stays in the heap for the next step.
+TRL_MALLOC = {"default": "", "keep": KEEP_HOST_MEMORY_TUNABLES}
 
 
 def trl_malloc_settings(text: str) -> list[str]:
@@ -169,9 +167,10 @@ def run_pair(args, work: str, model_dir: str, trl_python: str, prompts: str, pre
 
     def ours_run():
         loads["ours"] = os.getloadavg()[0]
-        usage["ours"] = run([sys.executable, os.path.join(HERE, "rl_step.py"), "--model-dir", model_dir, "--prompts-file", prompts,
-             "--warmup", str(args.warmup), "--steps", str(args.steps), "--precision", precision,
-             "--json", ours_json] + args.ours_args.split(), os.path.join(work, f"ours_{tag}.log"))
+        command = [sys.executable, os.path.join(HERE, "rl_step.py"), "--model-dir", model_dir,
+                   "--prompts-file", prompts, "--warmup", str(args.warmup), "--steps", str(args.steps),
+                   "--precision", precision, "--json", ours_json] + args.ours_args.split()
+        usage["ours"] = run(command, os.path.join(work, f"ours_{tag}.log"))
 
     def trl_run():
         for micro_batch in trl_micro_batches(args.trl_micro_batch):
@@ -179,11 +178,11 @@ def run_pair(args, work: str, model_dir: str, trl_python: str, prompts: str, pre
                 name = f"trl_{tag}_mb{micro_batch}_{malloc}"
                 trl_json = os.path.join(work, f"{name}.jsonl")
                 load_start = os.getloadavg()[0]
-                process = run([trl_python, os.path.join(args.peers_dir, "bench_trl.py"), "--model", model_dir,
-                     "-W", str(args.warmup), "-N", str(args.steps), "--micro-batch", str(micro_batch),
-                     "--json-out", trl_json] + (["--bf16"] if precision == "bf16" else []),
-                    os.path.join(work, f"{name}.log"),
-                    env=trl_env(args.trl_omp_wait_policy, malloc, os.environ.get("GLIBC_TUNABLES", "")))
+                command = [trl_python, os.path.join(args.peers_dir, "bench_trl.py"), "--model", model_dir,
+                           "-W", str(args.warmup), "-N", str(args.steps), "--micro-batch", str(micro_batch),
+                           "--json-out", trl_json] + (["--bf16"] if precision == "bf16" else [])
+                process = run(command, os.path.join(work, f"{name}.log"),
+                              env=trl_env(args.trl_omp_wait_policy, malloc, os.environ.get("GLIBC_TUNABLES", "")))
                 record = json.loads(open(trl_json).read().splitlines()[-1])
                 record["load_1m_start"], record["load_1m_end"] = load_start, os.getloadavg()[0]
                 record["malloc"], record["process"] = malloc, process

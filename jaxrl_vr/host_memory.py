@@ -48,6 +48,11 @@ M_MMAP_MAX = -4
 _GLIBC_DEFAULT_MMAP_MAX = 65536
 _NEVER = -1  # mallopt takes an int; glibc widens -1 to SIZE_MAX for the trim threshold
 
+# The same malloc policy as GLIBC_TUNABLES, for a process that cannot call keep_host_memory
+# (another framework's benchmark run, or one started with the variable exported): no mmap, a
+# trim threshold of 2**62 (in effect never; the tunable takes a number, not -1).
+KEEP_HOST_MEMORY_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4611686018427387904"
+
 
 @dataclasses.dataclass(frozen=True)
 class HostMemoryPolicy:

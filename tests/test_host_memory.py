@@ -232,3 +232,44 @@ def test_memory_schedule_and_runtime_zeros_each_shrink_the_update_temporaries():
     memory_runtime = _update_temp_bytes(True, "runtime-zeros")
     assert memory_runtime < memory_constant < default, (memory_runtime, memory_constant, default)
     assert memory_runtime <= 0.85 * default, (memory_runtime, default)  # 4.67 against 6.10 MB when written
+
+
+MALLOC_PROBE = textwrap.dedent("""
+    import ctypes, json
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in
+                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+                     "fordblks", "keepcost")]
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.mallinfo2.restype = MallInfo2
+    block = libc.malloc(64 * 2**20)
+    ctypes.memset(block, 1, 64 * 2**20)
+    held = libc.mallinfo2()
+    libc.free(block)
+    freed = libc.mallinfo2()
+    print(json.dumps({"mmapped_blocks": held.hblks, "heap_after_free_mb": freed.arena / 2**20}))
+""")
+
+
+def _malloc_probe(tunables):
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    if tunables:
+        env["GLIBC_TUNABLES"] = tunables
+    proc = subprocess.run([sys.executable, "-c", MALLOC_PROBE], capture_output=True, text=True, env=env,
+                          timeout=60, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(host_memory._glibc() is None, reason="glibc malloc only")
+def test_keep_host_memory_tunables_take_effect_in_another_process():
+    # glibc ignores a misspelt tunable without a word, so the string is checked by its effect:
+    # by default a 64 MB block is mmapped and unmapped on free; under the tunables it comes
+    # from the heap, which keeps it after the free.
+    default = _malloc_probe("")
+    assert default["mmapped_blocks"] >= 1 and default["heap_after_free_mb"] < 64, default
+    kept = _malloc_probe(host_memory.KEEP_HOST_MEMORY_TUNABLES)
+    assert kept["mmapped_blocks"] == 0 and kept["heap_after_free_mb"] >= 64, kept

@@ -660,7 +660,7 @@ def _cast_like(tree, like):
         if jnp.shape(leaf) != target.shape:
             raise ValueError(f"The optimizer's update changed the shape of {jax.tree_util.keystr(path)} from "
                              f"{jnp.shape(leaf)} to {target.shape}; the NaN guard needs the state's shapes kept.")
-        cast.append(jnp.asarray(leaf).astype(target.dtype) if jnp.result_type(leaf) != target.dtype else leaf)
+        cast.append(jnp.asarray(leaf, dtype=target.dtype))  # no convert where the dtype is already right
     return jax.tree_util.tree_unflatten(treedef, cast)
 
 
