@@ -170,14 +170,14 @@ def attend_cache(q_bthe: jax.Array, k_bkes: jax.Array, v_bkse: jax.Array, allowe
     Same math as `attend`. A chunk of several tokens (prefill) uses two dots, written in
     dot_general's natural output order (batch b, k; then t, g; then s or e) so neither the
     cache nor the probabilities are transposed: only the small query and output tensors are.
-    A float32 decode step (one token per row) over a cache of at most 512 slots uses
-    `_attend_one_token` instead (`one_token_form_pays`).
+    A decode step (one token per row) over a float32 cache of at most 512 slots uses
+    `_attend_one_token` instead (`one_token_form_pays`), whatever the compute dtype.
     """
     b, t, h, e = q_bthe.shape
     kv_heads = k_bkes.shape[1]
     dtype = compute_dtype or q_bthe.dtype
     q_btkge = q_bthe.reshape(b, t, kv_heads, h // kv_heads, e)
-    if one_token_form_pays(t, k_bkes.shape[-1], (dtype, k_bkes.dtype, v_bkse.dtype)):
+    if one_token_form_pays(t, k_bkes.shape[-1], (k_bkes.dtype, v_bkse.dtype)):
         out_bktge = _attend_one_token(q_btkge, k_bkes, v_bkse, allowed_bts)
     else:
         out_bktge = _attend_two_dots(q_btkge, k_bkes, v_bkse, allowed_bts, dtype)
@@ -191,11 +191,30 @@ def attend_cache(q_bthe: jax.Array, k_bkes: jax.Array, v_bkse: jax.Array, allowe
 ONE_TOKEN_MAX_SLOTS = 512
 
 
-def one_token_form_pays(tokens: int, slots: int, dtypes: Sequence[Any]) -> bool:
-    """Whether `attend_cache` uses the multiply-and-sum form: one token per row, float32
-    throughout, at most ONE_TOKEN_MAX_SLOTS cache slots (static shapes, so the choice is made
-    once per compiled program)."""
-    return tokens == 1 and all(jnp.dtype(d) == jnp.float32 for d in dtypes) and slots <= ONE_TOKEN_MAX_SLOTS
+def one_token_form_pays(tokens: int, slots: int, cache_dtypes: Sequence[Any]) -> bool:
+    """Whether `attend_cache` uses the multiply-and-sum form: one token per row, a float32
+    cache (keys and values), at most ONE_TOKEN_MAX_SLOTS slots (static shapes, so the choice is
+    made once per compiled program). The compute dtype does not enter: the form reads the
+    cache as it is and computes in float32, so under bf16 compute it also avoids converting
+    the cache for the dots on every step (docs/performance.md, "perf26")."""
+    return tokens == 1 and all(jnp.dtype(d) == jnp.float32 for d in cache_dtypes) and slots <= ONE_TOKEN_MAX_SLOTS
+
+
+def default_cache_dtype(config: DecoderConfig, slots: int, backend: str) -> jnp.dtype:
+    """The KV-cache dtype `generate` uses unless told: float32 on CPU wherever a decode step
+    takes the one-token form (at most ONE_TOKEN_MAX_SLOTS slots), else the compute dtype.
+
+    XLA:CPU cannot update a 16-bit buffer in place and hand it to a dot: the bf16 cache is
+    written as uint16 bits, and reading those bits as bf16 costs a copy of each layer's keys
+    and values on every step (13 % of the bf16 SmolLM2 rollout's op time on a Zen 5 EPYC,
+    perf26). A float32 cache is updated in place and read as it is, at twice the memory (for
+    SmolLM2-135M at 64 rows, 283 instead of 142 MB over 96 slots, 1.5 instead of 0.75 GB over
+    512). Other backends keep the
+    compute dtype: a bitcast is free there and the cache is the memory that limits the batch.
+    """
+    if backend == "cpu" and slots <= ONE_TOKEN_MAX_SLOTS:
+        return jnp.dtype(jnp.float32)
+    return jnp.dtype(config.matmul_dtype)
 
 
 def _cache_softmax(logits_bktgs: jax.Array, allowed_bts: jax.Array) -> jax.Array:
@@ -222,8 +241,8 @@ def _attend_one_token(q_btkge: jax.Array, k_bkes: jax.Array, v_bkse: jax.Array, 
     below its rate. As one multiply-and-reduce fusion per product the compiled SmolLM2 decode
     step's attention took 40 instead of 69 ms for 30 layers at batch 64 on a 2-core AVX2
     EPYC (docs/performance.md, "perf20"); over a long cache the dots win again ("perf21"),
-    so `attend_cache` asks `one_token_form_pays`. Float32 only: with a bf16 cache the two
-    dots read it as it is, where this form would widen each layer's cache to float32 on
+    so `attend_cache` asks `one_token_form_pays`. A float32 cache only: with a bf16 cache the
+    two dots read it as it is, where this form would widen each layer's cache to float32 on
     every step.
     """
     q_bktge = jnp.transpose(q_btkge, (0, 2, 1, 3, 4))

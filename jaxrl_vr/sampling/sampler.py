@@ -26,7 +26,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_vr import ratios
-from jaxrl_vr.models.decoder import Decoder, cast_matmul_weights, default_positions
+from jaxrl_vr.models.decoder import Decoder, cast_matmul_weights, default_cache_dtype, default_positions
 
 DEFAULT_BUCKET = 16
 
@@ -300,11 +300,11 @@ def generate(key: jax.Array, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *
       stop_token_ids: ids that end a response (included in it); default the config's EOS ids.
       pad_id: written after the stop token.
       bucket: prompt length and response buffer are rounded up to multiples of this.
-      cache_dtype: KV-cache dtype; None = the model's compute dtype. The attention dots cast
-        keys and values to the compute dtype either way, so a wider cache changes nothing but
-        memory. (A bf16 cache once made the XLA:CPU rollout 2.4x slower: its per-layer
-        dynamic-update-slice converted the whole cache to float32 and back; the cache is now
-        written as uint16 bits, see `Decoder.decode_step`.)
+      cache_dtype: KV-cache dtype; None = `decoder.default_cache_dtype`: float32 on CPU up to
+        512 slots (prompt bucket + response buffer), where a decode step's attention then runs
+        in float32 on the cache as it is (faster under bf16 compute too, "perf26" in
+        docs/performance.md), else the model's compute dtype. With a bf16 cache, or over more
+        slots, the attention dots cast keys and values to the compute dtype.
 
     Returns:
       Rollout with [B, max_new_tokens] responses (see `Rollout`).
@@ -357,9 +357,12 @@ def generate_core_call(key, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *,
     pad_cols = padded_len - prompt_len
     tokens_bucketed = np.pad(tokens_ps.astype(np.int32), ((0, 0), (pad_cols, 0)), constant_values=pad_id)
     mask_bucketed = np.pad(mask_ps, ((0, 0), (pad_cols, 0)), constant_values=False)
+    buffer_len = round_up(max_new_tokens, bucket)
+    if cache_dtype is None:
+        cache_dtype = default_cache_dtype(model.config, padded_len + buffer_len, jax.default_backend()).name
     graphdef, state = nnx.split(model)
     args = (graphdef, state, key, tokens_bucketed, mask_bucketed, np.int32(max_new_tokens), np.float32(temperature),
             np.float32(top_p), np.int32(top_k), stop_ids, np.int32(pad_id))
-    kwargs = dict(num_samples=num_samples, buffer_len=round_up(max_new_tokens, bucket), greedy=bool(greedy),
+    kwargs = dict(num_samples=num_samples, buffer_len=buffer_len, greedy=bool(greedy),
                   cache_dtype=cache_dtype, use_filter=bool(not greedy and (top_k > 0 or top_p < 1)))
     return args, kwargs

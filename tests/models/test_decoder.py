@@ -215,9 +215,9 @@ def test_config_from_hf_round_trip_and_errors():
 
 
 class OneTokenAttentionTest(chex.TestCase):
-    """A float32 decode step's attention (one query per row) over a cache of at most 512 slots
-    is broadcast multiplies and sums, not dots; bf16 and long caches keep the dots (both forms
-    checked for the same values here)."""
+    """A decode step's attention (one query per row) over a float32 cache of at most 512 slots
+    is broadcast multiplies and sums in float32, not dots, whatever the compute dtype; bf16
+    and long caches keep the dots (both forms checked for the same values here)."""
 
     def _inputs(self, seed=0, batch=3, heads=6, kv_heads=2, dim=8, slots=10):
         keys = jax.random.split(jax.random.key(seed), 3)
@@ -232,16 +232,22 @@ class OneTokenAttentionTest(chex.TestCase):
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_matches_the_dot_form(self):
-        for compute_dtype in (jnp.float32, jnp.bfloat16):
+        # (compute dtype, cache dtype) -> the precision the attention runs in: a float32 cache
+        # takes the float32 one-token form under bf16 compute too; a bf16 cache, the bf16 dots.
+        cases = {(jnp.float32, jnp.float32): jnp.float32, (jnp.bfloat16, jnp.float32): jnp.float32,
+                 (jnp.bfloat16, jnp.bfloat16): jnp.bfloat16}
+        for (compute_dtype, cache_dtype), attention_dtype in cases.items():
             q, k_bske, v_bske, allowed_bts = self._inputs()
+            k_bske, v_bske = k_bske.astype(cache_dtype), v_bske.astype(cache_dtype)
             cached = self.variant(functools.partial(decoder_lib.attend_cache, compute_dtype=compute_dtype))(
                 q, jnp.transpose(k_bske, (0, 2, 3, 1)), jnp.transpose(v_bske, (0, 2, 1, 3)), allowed_bts)
-            reference = decoder_lib.attend(q, k_bske, v_bske, allowed_bts, compute_dtype=compute_dtype)
-            tolerance = 1e-5 if compute_dtype == jnp.float32 else 2e-2
+            reference = decoder_lib.attend(q, k_bske, v_bske, allowed_bts, compute_dtype=attention_dtype)
+            tolerance = 1e-5 if attention_dtype == jnp.float32 else 2e-2
             np.testing.assert_allclose(cached, reference, atol=tolerance, rtol=tolerance)
-            # Row 1 sees one slot: its output is that slot's value for each query head's kv head.
-            expected = jnp.repeat(v_bske[1, 9], 3, axis=0)
-            np.testing.assert_allclose(cached[1, 0], expected.astype(compute_dtype).astype(jnp.float32), atol=1e-6)
+            # Row 1 sees one slot: its output is that slot's value for each query head's kv head,
+            # rounded to bf16 only where the attention ran in bf16.
+            expected = jnp.repeat(v_bske[1, 9], 3, axis=0).astype(attention_dtype).astype(jnp.float32)
+            np.testing.assert_allclose(cached[1, 0], expected, atol=1e-6)
         # The multiply-and-sum form itself, called directly.
         q, k_bske, v_bske, allowed_bts = self._inputs()
         q_btkge = q.reshape(3, 1, 2, 3, 8)
@@ -253,10 +259,20 @@ class OneTokenAttentionTest(chex.TestCase):
     def test_form_choice_by_hand(self):
         pays = decoder_lib.one_token_form_pays
         f32, bf16 = jnp.float32, jnp.bfloat16
-        assert pays(1, 96, (f32, f32, f32)) and pays(1, 512, (f32, f32, f32))
-        assert not pays(1, 513, (f32, f32, f32))   # Long cache: the dots win.
-        assert not pays(2, 96, (f32, f32, f32))    # A chunk (prefill).
-        assert not pays(1, 96, (bf16, f32, f32)) and not pays(1, 96, (f32, bf16, bf16))
+        assert pays(1, 96, (f32, f32)) and pays(1, 512, (f32, f32))
+        assert not pays(1, 513, (f32, f32))   # Long cache: the dots win.
+        assert not pays(2, 96, (f32, f32))    # A chunk (prefill).
+        assert not pays(1, 96, (bf16, bf16)) and not pays(1, 96, (f32, bf16))  # A bf16 cache: the dots.
+
+    def test_default_cache_dtype_by_hand(self):
+        """float32 on CPU wherever the one-token form runs (bf16 compute too), else the compute dtype."""
+        config = DecoderConfig.tiny(vocab_size=64)
+        mixed = config.replace(compute_dtype="bfloat16")
+        default = decoder_lib.default_cache_dtype
+        assert default(mixed, 96, "cpu") == jnp.float32 and default(mixed, 512, "cpu") == jnp.float32
+        assert default(mixed, 513, "cpu") == jnp.bfloat16   # The dots read a 16-bit cache.
+        assert default(mixed, 96, "gpu") == jnp.bfloat16 and default(mixed, 96, "tpu") == jnp.bfloat16
+        assert default(config, 96, "gpu") == jnp.float32 and default(config, 513, "cpu") == jnp.float32
 
     def test_hand_computed(self):
         """One head, two slots: logits q·k/√2 = (1, 0), weights e/(e+1), 1/(e+1)."""
@@ -271,9 +287,9 @@ class OneTokenAttentionTest(chex.TestCase):
         np.testing.assert_allclose(one_token[0, 0, 0, 0], [2.0 * w, 4.0 * (1.0 - w)], rtol=1e-6)
 
     def test_compiled_decode_step_has_no_attention_dots(self):
-        """float32 over 8 slots: 7 dots per layer (q, k, v, o, gate, up, down) and the LM head at
-        T = 1; the two attention dots per layer come back for a chunk of 2 tokens, for bf16
-        compute and for a 520-slot cache."""
+        """A float32 cache of 8 slots: 7 dots per layer (q, k, v, o, gate, up, down) and the LM
+        head at T = 1, under float32 and bf16 compute; the two attention dots per layer come
+        back for a chunk of 2 tokens, for a bf16 cache and for a 520-slot cache."""
         model = Decoder(DecoderConfig.tiny(vocab_size=64), rngs=nnx.Rngs(0))
         layers = model.config.num_layers
         step = nnx.jit(lambda m, t, p, c: m.decode_step(t, p, c))
@@ -284,9 +300,13 @@ class OneTokenAttentionTest(chex.TestCase):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # bf16 without bf16 units.
                 set_compute_dtype(model, compute_dtype)
-            tokens = jnp.ones((rows, t), jnp.int32)
-            hlo = step.lower(model, tokens, tokens, model.init_cache(rows, slots)).compile().as_text()
-            counts[compute_dtype, rows, t, slots] = len(re.findall(r" dot\(", hlo))
+            for cache_dtype in ("float32", "bfloat16"):
+                tokens = jnp.ones((rows, t), jnp.int32)
+                cache = model.init_cache(rows, slots, cache_dtype)
+                hlo = step.lower(model, tokens, tokens, cache).compile().as_text()
+                counts[compute_dtype, cache_dtype, t, slots] = len(re.findall(r" dot\(", hlo))
         one_token, dots = 7 * layers + 1, 9 * layers + 1
-        assert counts == {("float32", 2, 1, 8): one_token, ("float32", 2, 2, 8): dots,
-                          ("bfloat16", 2, 1, 8): dots, ("float32", 2, 1, 520): dots}, counts
+        assert counts == {("float32", "float32", 1, 8): one_token, ("float32", "bfloat16", 1, 8): dots,
+                          ("float32", "float32", 2, 8): dots, ("float32", "bfloat16", 2, 8): dots,
+                          ("bfloat16", "float32", 1, 8): one_token, ("bfloat16", "bfloat16", 1, 8): dots,
+                          ("float32", "float32", 1, 520): dots, ("float32", "bfloat16", 1, 520): dots}, counts
