@@ -209,8 +209,8 @@ def default_cache_dtype(config: DecoderConfig, slots: int, backend: str) -> jnp.
     and values on every step (13 % of the bf16 SmolLM2 rollout's op time on a Zen 5 EPYC,
     perf26). A float32 cache is updated in place and read as it is, at twice the memory (for
     SmolLM2-135M at 64 rows, 283 instead of 142 MB over 96 slots, 1.5 instead of 0.75 GB over
-    512). Other backends keep the
-    compute dtype: a bitcast is free there and the cache is the memory that limits the batch.
+    512). Other backends keep the compute dtype: a bitcast is free there and the cache is the
+    memory that limits the batch.
     """
     if backend == "cpu" and slots <= ONE_TOKEN_MAX_SLOTS:
         return jnp.dtype(jnp.float32)
