@@ -212,7 +212,7 @@ def default_cache_dtype(config: DecoderConfig, slots: int, backend: str) -> jnp.
     512). Other backends keep the compute dtype: a bitcast is free there and the cache is the
     memory that limits the batch.
     """
-    if backend == "cpu" and slots <= ONE_TOKEN_MAX_SLOTS:
+    if backend == "cpu" and one_token_form_pays(1, slots, (jnp.float32, jnp.float32)):
         return jnp.dtype(jnp.float32)
     return jnp.dtype(config.matmul_dtype)
 
