@@ -10,7 +10,7 @@ runs side by side and what runs alone.
 
     python benchmarks/profile_step.py --model-dir $PEERS_ROOT/models/smollm2-135m \\
         --prompts-file prompts.jsonl [--what update|rollout] [--precision bf16] [--top 30] \\
-        [--by-source] [--timeline-ms 10] [--json out.json]
+        [--by-source] [--timeline-ms 10] [--json out.json] [--hlo-out step.hlo]
 """
 
 from __future__ import annotations
@@ -172,11 +172,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-shared-prefix", action="store_true",
                         help="every row's full prompt in the update, as rl_step.py --no-shared-prefix")
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--warm-calls", type=int, default=2,
+                        help="untimed calls before the traced one. The second call of the update still "
+                             "faulted in ~230k pages (3 s of kernel time on a Zen 5 EPYC) while the heap "
+                             "settled; from the third on, none")
     parser.add_argument("--by-source", action="store_true",
                         help="sum the instructions of each source op (all layers' gate dots as one row)")
     parser.add_argument("--timeline-ms", type=float, default=0.0,
                         help="also print this many ms of both threads' ops from the middle of the call")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--hlo-out", default=None,
+                        help="also write the compiled HLO text here (to look up an instruction the profile names)")
     parser.add_argument("--release-host-memory", action="store_true",
                         help="JAX's default host memory handling instead of keep_host_memory(), as rl_step.py")
     parser.add_argument("--concurrency-schedule", action="store_true",
@@ -203,7 +209,11 @@ def main(argv=None):
         rollout = generate(jax.random.key(0), model, prompt_ps, mask_ps, num_samples=SAMPLES,
                            max_new_tokens=NEW_TOKENS, stop_token_ids=(), pad_id=0)
         run = update_call(args, model, rollout)
-    jax.block_until_ready(run())
+    if args.hlo_out:
+        with open(args.hlo_out, "w") as f:
+            f.write(run.hlo_text)
+    for _ in range(args.warm_calls):
+        jax.block_until_ready(run())
     with tempfile.TemporaryDirectory() as trace_dir:
         wall, rows, busy, lines = profile(run, run.labels, args.top, trace_dir, args.by_source, args.timeline_ms)
     if args.json:
@@ -224,7 +234,8 @@ def rollout_call(model, prompt_ps, mask_ps):
 
     def run():
         return compiled(*core_args[1:])  # graphdef is static
-    run.labels = op_labels(compiled.as_text())
+    run.hlo_text = compiled.as_text()
+    run.labels = op_labels(run.hlo_text)
     return run
 
 
@@ -245,7 +256,8 @@ def update_call(args, model, rollout):
 
     def run():
         return compiled(state, batch, hyper, rest)
-    run.labels = op_labels(compiled.as_text())
+    run.hlo_text = compiled.as_text()
+    run.labels = op_labels(run.hlo_text)
     return run
 
 
