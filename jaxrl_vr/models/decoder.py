@@ -335,10 +335,12 @@ def _block(config: DecoderConfig, p: dict[str, jax.Array], x_btd: jax.Array, cos
         # then needs about the activation memory of float32 (SmolLM2 update: -0.6 GB).
         return mixed_einsum(spec, x, w, dtype=compute, save_inputs=save).astype(x_btd.dtype)
 
+    def project(h, w):  # [D, heads, Dh] weight with its head axes merged (free reshapes), as wo below
+        d, heads, e = w.shape
+        return mm("btd,df->btf", h, w.reshape(d, heads * e), "xy").reshape(*h.shape[:2], heads, e)
+
     h_btd = rms_norm(x_btd, p["attn_norm"], eps)
-    q = mm("btd,dhe->bthe", h_btd, p["wq"], "xy")
-    k = mm("btd,dke->btke", h_btd, p["wk"], "xy")
-    v = mm("btd,dke->btke", h_btd, p["wv"], "xy")
+    q, k, v = project(h_btd, p["wq"]), project(h_btd, p["wk"]), project(h_btd, p["wv"])
     if "bq" in p:
         q, k, v = q + _lead(p["bq"], 4), k + _lead(p["bk"], 4), v + _lead(p["bv"], 4)
     if "q_norm" in p:
@@ -348,7 +350,8 @@ def _block(config: DecoderConfig, p: dict[str, jax.Array], x_btd: jax.Array, cos
     attn_bthe = attend_fn(q, keys, values, allowed_bts, compute_dtype=compute)
     # Heads merged into one contraction axis on both sides (free reshapes): with (h, e) kept
     # apart, XLA:CPU chose to contract them in (e, h) order and re-transposed wo on every
-    # decode step inside the sampler's loop.
+    # decode step inside the sampler's loop. The q/k/v projections' input gradients had the
+    # same problem in the update (a transposed copy of dq and of wq per layer and micro-batch).
     b, t, h, e = attn_bthe.shape
     out_btd = mm("btf,fd->btd", attn_bthe.reshape(b, t, h * e), p["wo"].reshape(h * e, -1))
     if "bo" in p:

@@ -92,7 +92,9 @@ def test_shared_prefix_train_step_gives_the_same_update_and_metrics():
         outs.append(step_lib.make_train_step(graphdef, rest, optimizer, cfg)(state, batch,
                                                                              step_lib.StepHyper.create()))
     (state_full, metrics_full), (state_shared, metrics_shared) = outs
-    chex.assert_trees_all_close(state_shared.params, state_full.params, rtol=1e-5, atol=1e-6)
+    # Adam divides each gradient by its own root mean square, so where a gradient is near
+    # zero the two summation orders' rounding moves the step: allow 0.1 % of one lr step.
+    chex.assert_trees_all_close(state_shared.params, state_full.params, rtol=1e-5, atol=1e-3 * 1e-2)
     for name in ("loss", "entropy", "grad_norm", "trained_tokens"):
         np.testing.assert_allclose(float(metrics_shared[name]), float(metrics_full[name]), rtol=1e-4)
 
