@@ -290,6 +290,7 @@ def response_logprobs(
     with_entropy=False,
     temperature=1.0,
     prefix=None,
+    unembed=None,
 ):
     """log π(response token | prompt, earlier tokens) [B, T] f32 (+ entropy [B, T]).
 
@@ -302,6 +303,9 @@ def response_logprobs(
     prompt's forward: only the last prompt token (it predicts response token 0) and the
     response run through the blocks, attending to the prefix's keys and values. Same
     log-probs; the prompts must be left-padded (their last column real).
+
+    ``unembed`` ([D, V], default ``model.unembed_matrix()``) is the output projection to use:
+    the update passes one it formed before its micro-batch loop (``step_tables``).
     """
     chex.assert_rank([prompt_tokens_bs, tokens_bt], 2)
     chex.assert_equal_shape([prompt_tokens_bs, prompt_mask_bs])
@@ -323,7 +327,7 @@ def response_logprobs(
             prefix_mask_bs=prompt_mask_bs[:, : num_prompt - 1].astype(bool))
     return ratios.token_logprobs_from_hidden(
         hidden_btd,
-        model.unembed_matrix() / jnp.asarray(temperature, jnp.float32),
+        (model.unembed_matrix() if unembed is None else unembed) / jnp.asarray(temperature, jnp.float32),
         tokens_bt,
         chunk_size=chunk_size,
         with_entropy=with_entropy,
@@ -379,7 +383,7 @@ def _upper_eps(cfg: LossConfig, hyper: StepHyper, controller):
 
 
 def _microbatch_loss_terms(model, mb: RolloutBatch, hyper: StepHyper, controller, cfg: LossConfig,
-                           prefix=None):
+                           prefix=None, unembed=None):
     """Per-micro-batch (numerator, denominator) of each loss term + metric sums."""
     mask_bt = mb.mask_bt.astype(bool)
     logp_bt, entropy_bt = response_logprobs(
@@ -392,6 +396,7 @@ def _microbatch_loss_terms(model, mb: RolloutBatch, hyper: StepHyper, controller
         with_entropy=True,
         temperature=hyper.temperature,
         prefix=prefix,
+        unembed=unembed,
     )
     # Data enters the loss here, stop-gradiented once (SPEC §2). Masked positions may hold
     # anything (inf/NaN from padding): zero them so no NaN reaches the backward pass.
@@ -488,16 +493,18 @@ def make_loss_fn(graphdef, cfg: LossConfig):
     objective policy_num/policy_den + kl_num/kl_den − c·ent_num/policy_den (SPEC §3.5), where
     kl_num = Σ (β + w_b)·KL_bt carries the global β and PBA's per-response weights.
 
-    With ``cfg.prompt_group_size`` > 1 it also takes the batch's prompt prefixes
-    (``shared_prompt_prefix``, one row per prompt) and each row's prompt index.
+    ``tables`` (``step_tables``) are what the micro-batches share, formed once per step: the
+    prompt prefixes (``"prefix"``, with ``cfg.prompt_group_size`` > 1, one row per prompt,
+    read through each row's ``prompt_index_b``) and a tied model's unembedding
+    (``"unembed"``).
     """
 
-    def microbatch_objective(params, rest, mb, hyper, controller, dens, prefix_table=None,
-                             prompt_index_b=None):
+    def microbatch_objective(params, rest, mb, hyper, controller, dens, tables=None, prompt_index_b=None):
         model = nnx.merge(graphdef, params, rest)
-        prefix = None if prefix_table is None else prefix_table.rows(prompt_index_b)
+        tables = tables or {}
+        prefix = tables["prefix"].rows(prompt_index_b) if "prefix" in tables else None
         (policy_num, kl_num, ent_num), sums = _microbatch_loss_terms(
-            model, mb, hyper, controller, cfg, prefix
+            model, mb, hyper, controller, cfg, prefix, tables.get("unembed")
         )
         policy_den, kl_den = dens
         objective = losses.finalize(policy_num, policy_den)
@@ -524,41 +531,60 @@ def runtime_zero(anchor: jax.Array) -> jax.Array:
     return jnp.zeros((), jnp.float32) * jnp.asarray(anchor, jnp.float32)
 
 
-def _accumulate(params, rest, batch, hyper, controller, cfg, objective_fn, with_grad, graphdef=None):
-    """Sum objective (and grads) over micro-batches; returns (loss, grads|None, sums).
+def step_tables(model, batch: "RolloutBatch", cfg: LossConfig) -> dict:
+    """What every micro-batch of a step reads and none changes, formed once per step.
 
-    With ``cfg.prompt_group_size`` G > 1 the prompts' prefixes run once, before the
-    micro-batches (``jax.vjp``); each micro-batch's gradient w.r.t. them is summed, and one
-    backward pass through the prefixes adds their share to the parameters' gradient.
+    - ``"prefix"`` (``cfg.prompt_group_size`` G > 1): each prompt's prefix keys and values
+      (``shared_prompt_prefix``), so a prompt runs once per group instead of once per row.
+    - ``"unembed"`` (tied embeddings): the [D, V] unembedding, ``embed.T``. Each micro-batch's
+      LM-head weight gradient then adds into a [D, V] accumulator in the layout the dot
+      produces it in, and is transposed into the [V, D] embedding's gradient once per step,
+      not once per micro-batch (a strided 113 MB transpose-and-add, 57 ms each on SmolLM2-135M
+      on a Zen 5 EPYC; docs/performance.md, "perf27").
+
+    `_accumulate` differentiates the micro-batch objective with respect to these tables and
+    sends the summed cotangents back through one VJP of this function.
+    """
+    tables = {}
+    if cfg.prompt_group_size > 1:
+        tables["prefix"] = shared_prompt_prefix(model, batch.prompt_tokens_bs, batch.prompt_mask_bs,
+                                                cfg.prompt_group_size)
+    if getattr(model, "lm_head", True) is None:
+        tables["unembed"] = model.unembed_matrix()
+    return tables
+
+
+def _accumulate(params, rest, batch, hyper, controller, cfg, objective_fn, with_grad, graphdef):
+    """Sum objective (and grads) over micro-batches; returns (loss, grads|None, sums, dens).
+
+    The step's shared tables (``step_tables``: prompt prefixes, a tied unembedding) are
+    formed before the micro-batches (``jax.vjp``); each micro-batch's gradient with respect
+    to them is summed, and one backward pass through them adds their share to the
+    parameters' gradient.
     """
     dens = loss_denominators(batch, cfg)
     group = cfg.prompt_group_size
-    shared = group > 1
-    if shared:
 
-        def prefix_fn(p):
-            return shared_prompt_prefix(nnx.merge(graphdef, p, rest), batch.prompt_tokens_bs,
-                                        batch.prompt_mask_bs, group)
+    def tables_fn(p):
+        return step_tables(nnx.merge(graphdef, p, rest), batch, cfg)
 
-        if with_grad:
-            prefix_table, prefix_vjp = jax.vjp(prefix_fn, params)
-        else:
-            prefix_table = prefix_fn(params)
-        index_b = jnp.arange(batch.tokens_bt.shape[0], dtype=jnp.int32) // group
-    mbs = _split_microbatches(batch, cfg.num_microbatches)
-    xs = (mbs, _split_microbatches(index_b, cfg.num_microbatches)) if shared else (mbs, None)
-    extra = (lambda index: (prefix_table, index)) if shared else (lambda index: ())
     if with_grad:
-        value_and_grad = jax.value_and_grad(objective_fn, argnums=(0, 6) if shared else 0, has_aux=True)
+        tables, tables_vjp = jax.vjp(tables_fn, params)
+    else:
+        tables = tables_fn(params)
+    index_b = jnp.arange(batch.tokens_bt.shape[0], dtype=jnp.int32) // group
+    xs = (_split_microbatches(batch, cfg.num_microbatches), _split_microbatches(index_b, cfg.num_microbatches))
+    if with_grad:
+        value_and_grad = jax.value_and_grad(objective_fn, argnums=(0, 6), has_aux=True)
 
     def body(carry, mb_index):
         mb, index = mb_index
         loss_acc, grad_acc, sums_acc = carry
         if with_grad:
-            (loss, sums), grads = value_and_grad(params, rest, mb, hyper, controller, dens, *extra(index))
+            (loss, sums), grads = value_and_grad(params, rest, mb, hyper, controller, dens, tables, index)
             grad_acc = jax.tree.map(jnp.add, grad_acc, grads)
         else:
-            loss, sums = objective_fn(params, rest, mb, hyper, controller, dens, *extra(index))
+            loss, sums = objective_fn(params, rest, mb, hyper, controller, dens, tables, index)
         max_keys = {k for k in sums if k.endswith("_max")}
         sums_acc = {
             k: (jnp.maximum(sums_acc[k], v) if k in max_keys else sums_acc[k] + v)
@@ -568,20 +594,20 @@ def _accumulate(params, rest, batch, hyper, controller, cfg, objective_fn, with_
 
     first, first_index = jax.tree.map(lambda x: x[0], xs)
     sums_shape = jax.eval_shape(
-        lambda: objective_fn(params, rest, first, hyper, controller, dens, *extra(first_index))[1]
+        lambda: objective_fn(params, rest, first, hyper, controller, dens, tables, first_index)[1]
     )
     zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape)
     zero = runtime_zero(dens[0])
     zeros_like = lambda tree: jax.tree.map(lambda p: jnp.full(p.shape, zero, jnp.float32), tree)  # noqa: E731
-    zero_grads = None
-    if with_grad:
-        zero_grads = (zeros_like(params), zeros_like(prefix_table)) if shared else zeros_like(params)
+    zero_grads = (zeros_like(params), zeros_like(tables)) if with_grad else None
     init = (jnp.zeros((), jnp.float32), zero_grads, zero_sums)
     (loss, grads, sums), _ = jax.lax.scan(body, init, xs)
-    if with_grad and shared:
-        param_grads, prefix_grads = grads
-        (through_prefix,) = prefix_vjp(jax.tree.map(lambda g, x: g.astype(x.dtype), prefix_grads, prefix_table))
-        grads = jax.tree.map(lambda a, b: a + b.astype(a.dtype), param_grads, through_prefix)
+    if with_grad:
+        param_grads, table_grads = grads
+        if tables:
+            (through_tables,) = tables_vjp(jax.tree.map(lambda g, x: g.astype(x.dtype), table_grads, tables))
+            param_grads = jax.tree.map(lambda a, b: a + b.astype(a.dtype), param_grads, through_tables)
+        grads = param_grads
     return loss, grads, sums, dens
 
 

@@ -427,3 +427,34 @@ def test_detached_behaviour_equals_recomputed_behaviour_on_policy():
         results.append(step_lib.make_eval_loss(graphdef, cfg)(params, rest, on_policy, hyper, ()))
     np.testing.assert_allclose(float(results[1][0]), float(results[0][0]), rtol=1e-6)
     chex.assert_trees_all_close(results[1][1], results[0][1], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_step_forms_a_tied_unembedding_once_with_the_same_gradient(tied):
+    """`step_tables` hoists a tied model's unembedding (embed.T) out of the micro-batch loop;
+    the gradient must equal differentiating each micro-batch through embed.T itself."""
+    import dataclasses
+
+    from jaxrl_vr.models import Decoder
+
+    model = lib.tiny_decoder()
+    if not tied:
+        model = Decoder(dataclasses.replace(model.config, tie_word_embeddings=False), rngs=nnx.Rngs(1))
+    graphdef, params, rest = step_lib.split_model(model)
+    batch = lib.random_batch(4)
+    cfg = step_lib.LossConfig(kl_beta=0.5, entropy="bonus", num_microbatches=2)
+    hyper = step_lib.StepHyper.create(kl_beta=0.5, entropy_coef=0.05, temperature=0.7)
+    assert ("unembed" in step_lib.step_tables(model, batch, cfg)) == tied
+
+    loss, grads = step_lib.make_eval_loss(graphdef, cfg)(params, rest, batch, hyper, ())
+    objective = step_lib.make_loss_fn(graphdef, cfg)  # no tables: the model's own unembed_matrix()
+    dens = step_lib.loss_denominators(batch, cfg)
+
+    def plain(p):
+        halves = step_lib._split_microbatches(batch, 2)
+        return sum(objective(p, rest, jax.tree.map(lambda x: x[m], halves), hyper, (), dens)[0] for m in range(2))
+
+    plain_loss, plain_grads = jax.value_and_grad(plain)(params)
+    np.testing.assert_allclose(float(loss), float(plain_loss), rtol=1e-6)
+    chex.assert_trees_all_close(grads, plain_grads, rtol=1e-5, atol=1e-7)
+    assert float(jnp.abs(grads["embed"][...]).sum()) > 0
