@@ -549,7 +549,9 @@ def step_tables(model, batch: "RolloutBatch", cfg: LossConfig) -> dict:
     if cfg.prompt_group_size > 1:
         tables["prefix"] = shared_prompt_prefix(model, batch.prompt_tokens_bs, batch.prompt_mask_bs,
                                                 cfg.prompt_group_size)
-    if getattr(model, "lm_head", True) is None:
+    # The config's flag, not `lm_head is None`: the trainer also takes duck-typed models
+    # (hidden_states + unembed_matrix) without a config, which have nothing to tie.
+    if getattr(getattr(model, "config", None), "tie_word_embeddings", False):
         tables["unembed"] = model.unembed_matrix()
     return tables
 
