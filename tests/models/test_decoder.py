@@ -214,6 +214,55 @@ def test_config_from_hf_round_trip_and_errors():
         DecoderConfig.tiny(num_heads=4, num_kv_heads=3)
 
 
+class ChunkAttentionFormsTest(chex.TestCase):
+    """`attend` over a chunk runs float32 in the kv-major layout and bf16 in the grouped one:
+    both forms give the same outputs and gradients as repeat_kv attention written out."""
+
+    def _inputs(self, seed=0, batch=2, t=3, slots=5, heads=6, kv_heads=2, dim=4):
+        keys = jax.random.split(jax.random.key(seed), 4)
+        q_bthe = jax.random.normal(keys[0], (batch, t, heads, dim))
+        k_bske = jax.random.normal(keys[1], (batch, slots, kv_heads, dim))
+        v_bske = jax.random.normal(keys[2], (batch, slots, kv_heads, dim))
+        allowed = np.tril(np.ones((t, slots), bool), k=slots - t)[None].repeat(batch, 0)  # A 2-slot prefix, causal.
+        allowed[1, :, 0] = False  # Row 1's first slot is padding.
+        return q_bthe, k_bske, v_bske, jnp.asarray(allowed), jax.random.normal(keys[3], (batch, t, heads, dim))
+
+    @staticmethod
+    def _written_out(q_bthe, k_bske, v_bske, allowed_bts):
+        groups = q_bthe.shape[2] // k_bske.shape[2]
+        k_bshe, v_bshe = jnp.repeat(k_bske, groups, axis=2), jnp.repeat(v_bske, groups, axis=2)
+        logits = jnp.einsum("bthe,bshe->bhts", q_bthe, k_bshe) / math.sqrt(q_bthe.shape[-1])
+        logits = jnp.where(allowed_bts[:, None], logits, -jnp.inf)
+        return jnp.einsum("bhts,bshe->bthe", jax.nn.softmax(logits, axis=-1), v_bshe)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_both_forms_match_the_written_out_attention_and_its_gradients(self):
+        q, k, v, allowed, cotangent_bthe = self._inputs()
+
+        def loss(form):
+            return lambda q, k, v: jnp.sum(form(q, k, v, allowed) * cotangent_bthe)
+
+        forms = {"kv_major": decoder_lib._attend_kv_major,
+                 "grouped": lambda q, k, v, a: decoder_lib._attend_grouped(q, k, v, a, jnp.float32),
+                 "attend": decoder_lib.attend}
+        expected = self._written_out(q, k, v, allowed)
+        expected_grads = jax.grad(loss(self._written_out), argnums=(0, 1, 2))(q, k, v)
+        for name, form in forms.items():
+            out = self.variant(form)(q, k, v, allowed)
+            chex.assert_shape(out, q.shape)
+            np.testing.assert_allclose(out, expected, atol=1e-5, rtol=1e-5, err_msg=name)
+            grads = self.variant(jax.grad(loss(form), argnums=(0, 1, 2)))(q, k, v)
+            for got, want in zip(grads, expected_grads):
+                np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5, err_msg=name)
+
+    def test_the_compute_dtype_picks_the_form(self):
+        q, k, v, allowed, _ = self._inputs()
+        np.testing.assert_array_equal(decoder_lib.attend(q, k, v, allowed), decoder_lib._attend_kv_major(q, k, v, allowed))
+        bf16 = decoder_lib.attend(q, k, v, allowed, compute_dtype=jnp.bfloat16)
+        np.testing.assert_array_equal(bf16, decoder_lib._attend_grouped(q, k, v, allowed, jnp.bfloat16))
+        np.testing.assert_allclose(bf16, self._written_out(q, k, v, allowed), atol=5e-2)
+
+
 class OneTokenAttentionTest(chex.TestCase):
     """A decode step's attention (one query per row) over a float32 cache of at most 512 slots
     is broadcast multiplies and sums in float32, not dots, whatever the compute dtype; bf16
