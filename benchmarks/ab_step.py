@@ -1,0 +1,127 @@
+"""In-process A/B of two code variants of the RL update (or, with --what rollout, the rollout).
+
+Both variants are compiled in one process on rl_step.py's workload, warmed up, then run
+alternately (A B, B A, A B, ...), so machine drift and the heap's state hit both alike; the
+timings of separate processes on a shared VM differed by more than the changes measured in
+docs/performance.md (perf27, perf28). A variants file is a Python module with two functions,
+`A()` and `B()`, each putting the code into one variant's state (monkeypatching the library
+before the variant is traced); `B()` is applied last and left in place. Example:
+`benchmarks/ab_variants/attention_layout.py`.
+
+    python benchmarks/ab_step.py benchmarks/ab_variants/attention_layout.py \\
+        --model-dir $PEERS_ROOT/models/smollm2-135m --prompts-file prompts.jsonl \\
+        [--what update|rollout] [--precision bf16] [--pairs 5] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Sequence
+
+import jax
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import profile_step  # noqa: E402
+import rl_step  # noqa: E402
+from jaxrl_vr.host_memory import keep_host_memory, memory_optimized_cpu_schedule  # noqa: E402
+from jaxrl_vr.models import from_pretrained, load_tokenizer, set_compute_dtype  # noqa: E402
+from jaxrl_vr.sampling import generate  # noqa: E402
+
+
+def load_variants(path: str):
+    """The variants module at `path`; it must define callables A() and B()."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"variants file {path!r} not found; see benchmarks/ab_variants/ for an example.")
+    spec = importlib.util.spec_from_file_location("ab_variants_module", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    missing = [name for name in ("A", "B") if not callable(getattr(module, name, None))]
+    if missing:
+        raise ValueError(f"variants file {path!r} defines no {' or '.join(missing)}(): it needs A() and B(), "
+                         "each putting the code into one variant's state.")
+    return module
+
+
+def pair_order(index: int) -> tuple[str, str]:
+    """A B for even pairs, B A for odd ones: neither variant always runs first."""
+    return ("A", "B") if index % 2 == 0 else ("B", "A")
+
+
+def summarize(times_a: Sequence[float], times_b: Sequence[float]) -> dict:
+    """Medians, B's median over A's, and in how many pairs B was faster (pairs by index)."""
+    if len(times_a) != len(times_b) or not times_a:
+        raise ValueError(f"need the same positive number of A and B timings; got {len(times_a)} and {len(times_b)}.")
+    median_a, median_b = statistics.median(times_a), statistics.median(times_b)
+    return {"median_a_s": median_a, "median_b_s": median_b, "b_over_a": median_b / median_a,
+            "b_faster_pairs": sum(b < a for a, b in zip(times_a, times_b)), "pairs": len(times_a),
+            "a_s": list(times_a), "b_s": list(times_b)}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("variants", help="a Python file defining A() and B()")
+    parser.add_argument("--model-dir", required=True)
+    parser.add_argument("--prompts-file", required=True)
+    parser.add_argument("--what", choices=("update", "rollout"), default="update")
+    parser.add_argument("--precision", choices=tuple(rl_step.PRECISIONS), default="fp32")
+    parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--warm-calls", type=int, default=2,
+                        help="untimed calls of each variant first (the update's second call still faults its heap in)")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    if args.pairs < 1:
+        parser.error(f"--pairs must be at least 1; got {args.pairs}.")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    variants = load_variants(args.variants)  # Fail on a bad file before loading the model.
+    memory_optimized_cpu_schedule()  # before any computation, as rl_step.py
+    keep_host_memory()
+    with open(args.prompts_file) as f:
+        texts = [json.loads(line) for line in f if line.strip()][:profile_step.PROMPTS]
+    model = set_compute_dtype(from_pretrained(args.model_dir), rl_step.PRECISIONS[args.precision])
+    prompt_ps, mask_ps = rl_step.encode(load_tokenizer(args.model_dir), texts, 32)
+    if args.what == "update":
+        rollout = generate(jax.random.key(0), model, prompt_ps, mask_ps, num_samples=profile_step.SAMPLES,
+                           max_new_tokens=profile_step.NEW_TOKENS, stop_token_ids=(), pad_id=0)
+        profile_args = profile_step.parse_args(["--model-dir", args.model_dir, "--prompts-file", args.prompts_file,
+                                                "--precision", args.precision,
+                                                "--microbatches", str(args.microbatches)])
+    runs = {}
+    for name in ("A", "B"):
+        getattr(variants, name)()
+        print(f"compiling {name} ...", flush=True)
+        runs[name] = (profile_step.update_call(profile_args, model, rollout) if args.what == "update"
+                      else profile_step.rollout_call(model, prompt_ps, mask_ps))
+    for _ in range(args.warm_calls):
+        for name in ("A", "B"):
+            jax.block_until_ready(runs[name]())
+    times = {"A": [], "B": []}
+    for index in range(args.pairs):
+        for name in pair_order(index):
+            start = time.perf_counter()
+            jax.block_until_ready(runs[name]())
+            times[name].append(time.perf_counter() - start)
+        print(f"pair {index + 1}/{args.pairs}: A {times['A'][-1]:.2f} s, B {times['B'][-1]:.2f} s", flush=True)
+    summary = summarize(times["A"], times["B"])
+    print(f"{args.what} {args.precision}: median A {summary['median_a_s']:.3f} s, B {summary['median_b_s']:.3f} s "
+          f"(B/A {summary['b_over_a']:.3f}); B faster in {summary['b_faster_pairs']} of {summary['pairs']} pairs")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"variants": args.variants, "what": args.what, "precision": args.precision,
+                       "load_1m": os.getloadavg()[0], **summary}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""benchmarks/ab_step.py's bookkeeping (no model run) and its example variants file."""
+
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+BENCHMARKS = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
+sys.path.insert(0, BENCHMARKS)
+
+import ab_step  # noqa: E402
+from jaxrl_vr.models import decoder  # noqa: E402
+
+
+def test_summarize_by_hand():
+    summary = ab_step.summarize([10.0, 12.0, 11.0], [9.0, 12.5, 10.0])
+    assert summary["median_a_s"] == 11.0 and summary["median_b_s"] == 10.0
+    assert summary["b_over_a"] == pytest.approx(10.0 / 11.0)
+    assert summary["b_faster_pairs"] == 2 and summary["pairs"] == 3  # Pairs 1 and 3; a tie would not count.
+    assert ab_step.summarize([1.0], [1.0])["b_faster_pairs"] == 0
+    with pytest.raises(ValueError, match="same positive number"):
+        ab_step.summarize([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="same positive number"):
+        ab_step.summarize([], [])
+
+
+def test_pairs_alternate_which_variant_runs_first():
+    assert [ab_step.pair_order(i) for i in range(4)] == [("A", "B"), ("B", "A"), ("A", "B"), ("B", "A")]
+
+
+def test_load_variants_names_what_is_missing(tmp_path):
+    with pytest.raises(FileNotFoundError, match="ab_variants"):
+        ab_step.load_variants(str(tmp_path / "nope.py"))
+    only_a = tmp_path / "only_a.py"
+    only_a.write_text("def A():\n    pass\nB = 3\n")
+    with pytest.raises(ValueError, match=r"defines no B\(\)"):
+        ab_step.load_variants(str(only_a))
+
+
+def test_the_example_variants_switch_the_float32_attention_layout():
+    variants = ab_step.load_variants(os.path.join(BENCHMARKS, "ab_variants", "attention_layout.py"))
+    keys = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(keys[0], (2, 3, 6, 4))
+    k, v = jax.random.normal(keys[1], (2, 5, 2, 4)), jax.random.normal(keys[2], (2, 5, 2, 4))
+    allowed = np.ones((2, 3, 5), bool)
+    kv_major = decoder._attend_kv_major(q, k, v, allowed)
+    grouped = decoder._attend_grouped(q, k, v, allowed, np.float32)
+    try:
+        variants.A()
+        np.testing.assert_array_equal(decoder.attend(q, k, v, allowed), grouped)
+    finally:
+        variants.B()
+    np.testing.assert_array_equal(decoder.attend(q, k, v, allowed), kv_major)
+    assert decoder._attend_kv_major is variants._kv_major
