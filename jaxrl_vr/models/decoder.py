@@ -143,6 +143,13 @@ def apply_rope(x_bthe: jax.Array, cos_bte: jax.Array, sin_bte: jax.Array) -> jax
     return out.astype(x_bthe.dtype)
 
 
+def _attention_probs(logits: jax.Array, allowed: jax.Array, head_dim: int) -> jax.Array:
+    """Float32 softmax over the last (key) axis of logits/√Dh, with finfo.min where `allowed`
+    (broadcast against logits) is False: every attention form's weights, whatever its layout."""
+    logits = jnp.where(allowed, logits * (1.0 / math.sqrt(head_dim)), jnp.finfo(jnp.float32).min)
+    return jax.nn.softmax(logits, axis=-1)
+
+
 def attend(q_bthe: jax.Array, k_bske: jax.Array, v_bske: jax.Array, allowed_bts: jax.Array, *,
            compute_dtype: Any = None) -> jax.Array:
     """Grouped-query softmax attention; query head h uses kv head h // (H / Hkv) (HF repeat_kv).
@@ -168,9 +175,7 @@ def _attend_grouped(q_bthe: jax.Array, k_bske: jax.Array, v_bske: jax.Array, all
     kv_heads = k_bske.shape[2]
     q_btkge = q_bthe.reshape(b, t, kv_heads, h // kv_heads, e)
     logits = mixed_einsum("btkge,bske->bkgts", q_btkge, k_bske, dtype=dtype)
-    logits = logits * (1.0 / math.sqrt(e))
-    logits = jnp.where(allowed_bts[:, None, None], logits, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(logits, axis=-1)
+    probs = _attention_probs(logits, allowed_bts[:, None, None], e)
     out = mixed_einsum("bkgts,bske->btkge", probs, v_bske, dtype=dtype)
     return out.reshape(b, t, h, e).astype(q_bthe.dtype)
 
@@ -189,9 +194,8 @@ def _attend_kv_major(q_bthe: jax.Array, k_bske: jax.Array, v_bske: jax.Array, al
     q_bkme = jnp.transpose(q_bthe.reshape(b, t, kv_heads, g, e), (0, 2, 3, 1, 4)).reshape(b, kv_heads, g * t, e)
     k_bkse = jnp.transpose(k_bske, (0, 2, 1, 3))
     v_bkse = jnp.transpose(v_bske, (0, 2, 1, 3))
-    logits = mixed_einsum("bkme,bkse->bkms", q_bkme, k_bkse, dtype=jnp.float32) * (1.0 / math.sqrt(e))
-    logits = jnp.where(allowed_bts[:, None, None], logits.reshape(b, kv_heads, g, t, s), jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(logits, axis=-1).reshape(b, kv_heads, g * t, s)
+    logits = mixed_einsum("bkme,bkse->bkms", q_bkme, k_bkse, dtype=jnp.float32).reshape(b, kv_heads, g, t, s)
+    probs = _attention_probs(logits, allowed_bts[:, None, None], e).reshape(b, kv_heads, g * t, s)
     out_bkme = mixed_einsum("bkms,bkse->bkme", probs, v_bkse, dtype=jnp.float32)
     out = jnp.transpose(out_bkme.reshape(b, kv_heads, g, t, e), (0, 3, 1, 2, 4)).reshape(b, t, h, e)
     return out.astype(q_bthe.dtype)
@@ -251,18 +255,12 @@ def default_cache_dtype(config: DecoderConfig, slots: int, backend: str) -> jnp.
     return jnp.dtype(config.matmul_dtype)
 
 
-def _cache_softmax(logits_bktgs: jax.Array, allowed_bts: jax.Array) -> jax.Array:
-    """float32 softmax over the slots s, finfo.min where `allowed_bts` is False."""
-    logits_bktgs = jnp.where(allowed_bts[:, None, :, None, :], logits_bktgs, jnp.finfo(jnp.float32).min)
-    return jax.nn.softmax(logits_bktgs, axis=-1)
-
-
 def _attend_two_dots(q_btkge: jax.Array, k_bkes: jax.Array, v_bkse: jax.Array, allowed_bts: jax.Array,
                      dtype: Any) -> jax.Array:
     """`attend_cache`'s dot form: q·K and p·V as two dots in `dtype` (float32 accumulation),
     in dot_general's natural output order; returns [B, Hkv, T, G, Dh]."""
     logits = mixed_einsum("btkge,bkes->bktgs", q_btkge, k_bkes, dtype=dtype)
-    probs = _cache_softmax(logits * (1.0 / math.sqrt(q_btkge.shape[-1])), allowed_bts)
+    probs = _attention_probs(logits, allowed_bts[:, None, :, None, :], q_btkge.shape[-1])
     return mixed_einsum("bktgs,bkse->bktge", probs, v_bkse, dtype=dtype)
 
 
@@ -283,7 +281,7 @@ def _attend_one_token(q_btkge: jax.Array, k_bkes: jax.Array, v_bkse: jax.Array, 
     e = q_bktge.shape[-1]
     # [B, K, T, G, Dh, 1] * [B, K, 1, 1, Dh, S], summed over Dh.
     logits = jnp.sum(q_bktge[..., None] * k_bkes[:, :, None, None], axis=-2)
-    probs = _cache_softmax(logits * (1.0 / math.sqrt(e)), allowed_bts)
+    probs = _attention_probs(logits, allowed_bts[:, None, :, None, :], e)
     # [B, K, T, G, S, 1] * [B, K, 1, 1, S, Dh], summed over S.
     return jnp.sum(probs[..., None] * v_bkse[:, :, None, None], axis=-2)
 
