@@ -32,8 +32,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import profile_step  # noqa: E402
 import rl_step  # noqa: E402
 from jaxrl_vr.host_memory import keep_host_memory, memory_optimized_cpu_schedule  # noqa: E402
-from jaxrl_vr.models import from_pretrained, load_tokenizer, set_compute_dtype  # noqa: E402
-from jaxrl_vr.sampling import generate  # noqa: E402
 
 
 def load_variants(path: str):
@@ -88,13 +86,10 @@ def main(argv=None):
     variants = load_variants(args.variants)  # Fail on a bad file before loading the model.
     memory_optimized_cpu_schedule()  # before any computation, as rl_step.py
     keep_host_memory()
-    with open(args.prompts_file) as f:
-        texts = [json.loads(line) for line in f if line.strip()][:profile_step.PROMPTS]
-    model = set_compute_dtype(from_pretrained(args.model_dir), rl_step.PRECISIONS[args.precision])
-    prompt_ps, mask_ps = rl_step.encode(load_tokenizer(args.model_dir), texts, 32)
+    model, prompt_ps, mask_ps = profile_step.load_workload(args)
     if args.what == "update":
-        rollout = generate(jax.random.key(0), model, prompt_ps, mask_ps, num_samples=profile_step.SAMPLES,
-                           max_new_tokens=profile_step.NEW_TOKENS, stop_token_ids=(), pad_id=0)
+        rollout = profile_step.workload_rollout(model, prompt_ps, mask_ps)
+        # profile_step's own defaults for what update_call reads (LM-head chunk, shared prefix).
         profile_args = profile_step.parse_args(["--model-dir", args.model_dir, "--prompts-file", args.prompts_file,
                                                 "--precision", args.precision,
                                                 "--microbatches", str(args.microbatches)])

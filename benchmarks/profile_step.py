@@ -198,17 +198,11 @@ def main(argv=None):
     if not args.release_host_memory:
         keep_host_memory()  # before any computation, as rl_step.py and experiments.train
 
-    with open(args.prompts_file) as f:
-        texts = [json.loads(line) for line in f if line.strip()][:PROMPTS]
-    model = set_compute_dtype(from_pretrained(args.model_dir), rl_step.PRECISIONS[args.precision])
-    tokenizer = load_tokenizer(args.model_dir)
-    prompt_ps, mask_ps = rl_step.encode(tokenizer, texts, 32)
+    model, prompt_ps, mask_ps = load_workload(args)
     if args.what == "rollout":
         run = rollout_call(model, prompt_ps, mask_ps)
     else:
-        rollout = generate(jax.random.key(0), model, prompt_ps, mask_ps, num_samples=SAMPLES,
-                           max_new_tokens=NEW_TOKENS, stop_token_ids=(), pad_id=0)
-        run = update_call(args, model, rollout)
+        run = update_call(args, model, workload_rollout(model, prompt_ps, mask_ps))
     if args.hlo_out:
         with open(args.hlo_out, "w") as f:
             f.write(run.hlo_text)
@@ -221,6 +215,21 @@ def main(argv=None):
             json.dump({"what": args.what, "precision": args.precision, "wall_s": wall, "load_1m": os.getloadavg()[0],
                        "busy_s_by_thread": list(busy.values()), "by_source": args.by_source, "top": rows,
                        "timeline": lines}, f, indent=2)
+
+
+def load_workload(args):
+    """(model at `args.precision`, prompt tokens [P, S], prompt mask) of rl_step.py's workload."""
+    with open(args.prompts_file) as f:
+        texts = [json.loads(line) for line in f if line.strip()][:PROMPTS]
+    model = set_compute_dtype(from_pretrained(args.model_dir), rl_step.PRECISIONS[args.precision])
+    prompt_ps, mask_ps = rl_step.encode(load_tokenizer(args.model_dir), texts, 32)
+    return model, prompt_ps, mask_ps
+
+
+def workload_rollout(model, prompt_ps, mask_ps):
+    """One rollout of the workload (G samples of NEW_TOKENS tokens, EOS suppressed): the update's input."""
+    return generate(jax.random.key(0), model, prompt_ps, mask_ps, num_samples=SAMPLES,
+                    max_new_tokens=NEW_TOKENS, stop_token_ids=(), pad_id=0)
 
 
 def rollout_call(model, prompt_ps, mask_ps):
