@@ -48,6 +48,26 @@ def load_variants(path: str):
     return module
 
 
+def compile_variants(variants, build) -> dict:
+    """{"A": build(), "B": build()}, each built after its hook ran and JAX's caches were cleared.
+
+    `build` returns a compiled thunk with its HLO text as `.hlo_text` (profile_step's
+    `update_call` and `rollout_call`). Clearing matters: a module-level `jax.jit` such as
+    `generate`'s core keeps its first trace, so without it B would reuse A's program whatever
+    its hook changed. Two identical programs are refused: the A/B would time one program twice.
+    """
+    runs = {}
+    for name in ("A", "B"):
+        jax.clear_caches()
+        getattr(variants, name)()
+        print(f"compiling {name} ...", flush=True)
+        runs[name] = build()
+    if runs["A"].hlo_text == runs["B"].hlo_text:
+        raise ValueError("variants A and B compiled to the same program: their hooks change nothing that "
+                         "is traced (patch the function the compiled code calls, not a copy of it).")
+    return runs
+
+
 def pair_order(index: int) -> tuple[str, str]:
     """A B for even pairs, B A for odd ones: neither variant always runs first."""
     return ("A", "B") if index % 2 == 0 else ("B", "A")
@@ -93,12 +113,9 @@ def main(argv=None):
         profile_args = profile_step.parse_args(["--model-dir", args.model_dir, "--prompts-file", args.prompts_file,
                                                 "--precision", args.precision,
                                                 "--microbatches", str(args.microbatches)])
-    runs = {}
-    for name in ("A", "B"):
-        getattr(variants, name)()
-        print(f"compiling {name} ...", flush=True)
-        runs[name] = (profile_step.update_call(profile_args, model, rollout) if args.what == "update"
-                      else profile_step.rollout_call(model, prompt_ps, mask_ps))
+    runs = compile_variants(variants, lambda: (profile_step.update_call(profile_args, model, rollout)
+                                               if args.what == "update"
+                                               else profile_step.rollout_call(model, prompt_ps, mask_ps)))
     for _ in range(args.warm_calls):
         for name in ("A", "B"):
             jax.block_until_ready(runs[name]())

@@ -54,3 +54,35 @@ def test_the_example_variants_switch_the_float32_attention_layout():
         variants.B()
     np.testing.assert_array_equal(decoder.attend(q, k, v, allowed), kv_major)
     assert decoder._attend_kv_major is variants._kv_major
+
+
+_OFFSET = [1.0]
+
+
+@jax.jit
+def _module_level_core(x):  # Like generate's core: one jitted function for the whole process.
+    return x + _OFFSET[0]
+
+
+def _build_core():
+    compiled = _module_level_core.lower(np.zeros(3, np.float32)).compile()
+    run = lambda: compiled(np.zeros(3, np.float32))  # noqa: E731
+    run.hlo_text = compiled.as_text()
+    return run
+
+
+def test_each_variant_is_traced_afresh_even_through_a_module_level_jit():
+    class Variants:
+        A = staticmethod(lambda: _OFFSET.__setitem__(0, 1.0))
+        B = staticmethod(lambda: _OFFSET.__setitem__(0, 100.0))
+    _module_level_core(np.zeros(3, np.float32))  # A trace cached before the A/B, as in a real run.
+    runs = ab_step.compile_variants(Variants, _build_core)
+    np.testing.assert_array_equal(runs["A"](), [1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(runs["B"](), [100.0, 100.0, 100.0])
+
+
+def test_variants_that_compile_the_same_program_are_refused():
+    class Same:
+        A = B = staticmethod(lambda: None)
+    with pytest.raises(ValueError, match="same program"):
+        ab_step.compile_variants(Same, _build_core)
