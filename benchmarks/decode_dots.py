@@ -1,0 +1,188 @@
+"""The decode loop's dots alone, XLA against torch, side by side: how fast each library runs
+the rollout's small-M matmuls on this CPU.
+
+One decode step of a SmolLM2-135M-shaped model at `--rows` rows (the RL rollout's 64) is,
+as far as the dots go, per layer q, k, v, o, gate, up and down, then the LM head. This runs
+only those dots (random float32 weights, a residual chain so no step can be skipped) for
+`--steps` steps in each library: XLA through `jax.jit` of a `fori_loop` in this environment,
+torch in the peer TRL venv (`--torch-python`), each in a fresh process, alternated `--rounds`
+times. Neither side attends, samples or normalises, so the result bounds what any rollout
+built on that library can reach here: perf29 (docs/performance.md) measured XLA at 285 and
+torch at 118 GFLOP/s on a Zen 5 EPYC, where our rollout leads TRL's 3×; perf18 measured a
+torch MLP stack 11 % faster than XLA's on an AMX Xeon, where the lead was 1.6×.
+
+    python benchmarks/decode_dots.py [--rows 64] [--steps 63] [--rounds 2] [--precision bf16] \\
+        [--torch-python $PEERS_ROOT/venv-trl/bin/python] [--out decode_dots.json]
+
+bf16: bf16 operands with float32 accumulation on our side (`preferred_element_type`), torch
+autocast's bf16 matmuls on the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+SMOLLM2_135M = dict(layers=30, hidden=576, q_width=576, kv_width=192, intermediate=1536, vocab=49152)
+"""The dot shapes of SmolLM2-135M: 9 query heads and 3 kv heads of 64, tied 49,152-token head."""
+
+
+def step_flops(rows: int, layers: int, hidden: int, q_width: int, kv_width: int, intermediate: int,
+               vocab: int) -> int:
+    """Multiply-adds × 2 of one decode step's dots: per layer q and o (D·Q each), k and v
+    (D·KV each), gate, up and down (D·F each), then the LM head (D·V)."""
+    per_layer = 2 * hidden * q_width + 2 * hidden * kv_width + 3 * hidden * intermediate
+    return 2 * rows * (layers * per_layer + hidden * vocab)
+
+
+def jax_side(args) -> list[float]:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from jaxrl_vr.host_memory import keep_host_memory
+    keep_host_memory()
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    s = SMOLLM2_135M
+    dtype = jnp.bfloat16 if args.precision == "bf16" else jnp.float32
+    rng = np.random.default_rng(0)
+    shapes = dict(q=(s["hidden"], s["q_width"]), k=(s["hidden"], s["kv_width"]), v=(s["hidden"], s["kv_width"]),
+                  o=(s["q_width"], s["hidden"]), gate=(s["hidden"], s["intermediate"]),
+                  up=(s["hidden"], s["intermediate"]), down=(s["intermediate"], s["hidden"]))
+    weights = [{name: jnp.asarray(0.02 * rng.standard_normal(shape, np.float32)) for name, shape in shapes.items()}
+               for _ in range(s["layers"])]
+    head = jnp.asarray(0.02 * rng.standard_normal((s["vocab"], s["hidden"]), np.float32))
+    repeats = s["q_width"] // s["kv_width"]
+
+    def dot(x, w):
+        return jnp.matmul(x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+
+    @jax.jit
+    def run(x, weights, head):
+        def step(_, x):
+            for w in weights:
+                attn = dot(x, w["q"]) + jnp.tile(dot(x, w["k"]) + dot(x, w["v"]), (1, repeats))
+                x = x + dot(attn, w["o"])
+                x = 0.5 * (x + dot(jax.nn.silu(dot(x, w["gate"])) * dot(x, w["up"]), w["down"]))
+            logits = jnp.matmul(x.astype(dtype), head.astype(dtype).T, preferred_element_type=jnp.float32)
+            return x + 1e-3 * logits[:, :s["hidden"]]
+        return jax.lax.fori_loop(0, args.steps, step, x)
+
+    x = jnp.asarray(rng.standard_normal((args.rows, s["hidden"]), np.float32))
+    jax.block_until_ready(run(x, weights, head))
+    times = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(run(x, weights, head))
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def torch_side(args) -> list[float]:
+    import contextlib
+
+    import torch
+
+    s = SMOLLM2_135M
+    gen = torch.Generator().manual_seed(0)
+    shapes = dict(q=(s["hidden"], s["q_width"]), k=(s["hidden"], s["kv_width"]), v=(s["hidden"], s["kv_width"]),
+                  o=(s["q_width"], s["hidden"]), gate=(s["hidden"], s["intermediate"]),
+                  up=(s["hidden"], s["intermediate"]), down=(s["intermediate"], s["hidden"]))
+    weights = [{name: 0.02 * torch.randn(shape, generator=gen) for name, shape in shapes.items()}
+               for _ in range(s["layers"])]
+    head = 0.02 * torch.randn(s["vocab"], s["hidden"], generator=gen)
+    repeats = s["q_width"] // s["kv_width"]
+    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if args.precision == "bf16"
+                else contextlib.nullcontext())
+
+    @torch.no_grad()
+    def run(x):
+        with autocast:
+            for _ in range(args.steps):
+                for w in weights:
+                    attn = x @ w["q"] + (x @ w["k"] + x @ w["v"]).repeat(1, repeats)
+                    x = x + (attn @ w["o"]).float()
+                    x = 0.5 * (x + ((torch.nn.functional.silu(x @ w["gate"]) * (x @ w["up"])) @ w["down"]).float())
+                x = x + 1e-3 * (x @ head.T)[:, :s["hidden"]].float()
+        return x
+
+    x = torch.randn(args.rows, s["hidden"], generator=gen)
+    run(x)
+    times = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        run(x)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def summarize(times: dict[str, list[list[float]]], flops: int) -> dict:
+    """Per side: every round's median seconds, the median over rounds, its GFLOP/s; and
+    torch's GFLOP/s over ours (above 1: torch's dots are faster on this CPU)."""
+    out = {}
+    for side, rounds in times.items():
+        medians = [statistics.median(r) for r in rounds]
+        out[side] = {"round_median_s": medians, "median_s": statistics.median(medians),
+                     "gflops": flops / statistics.median(medians) / 1e9}
+    out["torch_over_jax_gflops"] = out["torch"]["gflops"] / out["jax"]["gflops"]
+    return out
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    peers = os.environ.get("PEERS_ROOT", os.path.expanduser("~/.cache/jaxrl_vr-peers"))
+    parser.add_argument("--torch-python", default=os.path.join(peers, "venv-trl", "bin", "python"))
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=63, help="decode steps per call (the rollout's 64 tokens)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per process, after one warm-up")
+    parser.add_argument("--rounds", type=int, default=2, help="processes per side, alternated")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--side", choices=("jax", "torch"), help=argparse.SUPPRESS)  # child process
+    parser.add_argument("--child-out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if min(args.rows, args.steps, args.repeats, args.rounds) < 1:
+        parser.error("--rows, --steps, --repeats and --rounds must all be at least 1.")
+    if args.side:
+        times = (jax_side if args.side == "jax" else torch_side)(args)
+        with open(args.child_out, "w") as f:
+            json.dump(times, f)
+        return {}
+    if not os.path.exists(args.torch_python):
+        parser.error(f"--torch-python {args.torch_python} not found; build the peer venv with "
+                     "`bash ../shared/peers/setup.sh trl` or point the flag at a Python with torch.")
+
+    work = tempfile.mkdtemp(prefix="decode_dots_")
+    times = {"jax": [], "torch": []}
+    load = [os.getloadavg()[0]]
+    for index in range(args.rounds):
+        for side in (("jax", "torch") if index % 2 == 0 else ("torch", "jax")):
+            out_path = os.path.join(work, f"{side}_{index}.json")
+            python = sys.executable if side == "jax" else args.torch_python
+            subprocess.run([python, os.path.abspath(__file__), "--side", side, "--child-out", out_path,
+                            "--precision", args.precision, "--rows", str(args.rows), "--steps", str(args.steps),
+                            "--repeats", str(args.repeats)], check=True)
+            with open(out_path) as f:
+                times[side].append(json.load(f))
+            print(f"round {index + 1}/{args.rounds} {side}: " + ", ".join(f"{t:.2f}" for t in times[side][-1])
+                  + " s", flush=True)
+            load.append(os.getloadavg()[0])
+    flops = args.steps * step_flops(args.rows, **SMOLLM2_135M)
+    report = {"precision": args.precision, "rows": args.rows, "steps": args.steps, "flops": flops,
+              "cpu_count": os.cpu_count(), "load_1m": load, "times_s": times, **summarize(times, flops)}
+    print(f"{args.precision} dots at {args.rows} rows: jax {report['jax']['gflops']:.0f} GFLOP/s, "
+          f"torch {report['torch']['gflops']:.0f} GFLOP/s (torch / jax {report['torch_over_jax_gflops']:.2f})")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""benchmarks/decode_dots.py's bookkeeping (no timing): the FLOP count and the summary."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+
+import decode_dots  # noqa: E402
+
+
+def test_step_flops_by_hand():
+    # One layer of width 2 (q 2, kv 1, F 3) and a 5-token head, 4 rows:
+    # per layer 2·2·2 (q, o) + 2·2·1 (k, v) + 3·2·3 (gate, up, down) = 8 + 4 + 18 = 30 MACs a row,
+    # head 2·5 = 10, so (30 + 10) · 4 rows · 2 = 320 FLOPs.
+    assert decode_dots.step_flops(4, layers=1, hidden=2, q_width=2, kv_width=1, intermediate=3, vocab=5) == 320
+    # SmolLM2-135M at the rollout's 64 rows: 2 · 64 · (30 · 3,538,944 + 576 · 49,152) FLOPs.
+    assert decode_dots.step_flops(64, **decode_dots.SMOLLM2_135M) == 2 * 64 * (30 * 3_538_944 + 576 * 49_152)
+
+
+def test_summarize_takes_the_median_of_round_medians():
+    times = {"jax": [[2.0, 1.0, 3.0], [4.0, 4.0, 4.0]], "torch": [[6.0, 6.0, 7.0], [5.0, 5.0, 5.0]]}
+    out = decode_dots.summarize(times, flops=12e9)
+    assert out["jax"]["round_median_s"] == [2.0, 4.0] and out["jax"]["median_s"] == 3.0
+    assert out["jax"]["gflops"] == pytest.approx(4.0) and out["torch"]["gflops"] == pytest.approx(12 / 5.5)
+    assert out["torch_over_jax_gflops"] == pytest.approx((12 / 5.5) / 4.0)
+
+
+def test_bad_counts_and_a_missing_torch_are_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        decode_dots.main(["--rows", "0"])
+    with pytest.raises(SystemExit):
+        decode_dots.main(["--torch-python", str(tmp_path / "no-python")])
