@@ -5,8 +5,10 @@ alternately (A B, B A, A B, ...), so machine drift and the heap's state hit both
 timings of separate processes on a shared VM differed by more than the changes measured in
 docs/performance.md (perf27, perf28). A variants file is a Python module with two functions,
 `A()` and `B()`, each putting the code into one variant's state (monkeypatching the library
-before the variant is traced); `B()` is applied last and left in place. Example:
-`benchmarks/ab_variants/attention_layout.py`.
+before the variant is traced; JAX's caches are cleared first); `B()` is applied last and
+left in place. Example: `benchmarks/ab_variants/attention_layout.py`. It prints the medians,
+each pair's B/A and an exact sign test on how many pairs B won: with 5 pairs even 5 wins is
+p = 0.06, so a claimed difference wants 8 or more.
 
     python benchmarks/ab_step.py benchmarks/ab_variants/attention_layout.py \\
         --model-dir $PEERS_ROOT/models/smollm2-135m --prompts-file prompts.jsonl \\
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import statistics
 import sys
@@ -73,13 +76,26 @@ def pair_order(index: int) -> tuple[str, str]:
     return ("A", "B") if index % 2 == 0 else ("B", "A")
 
 
+def sign_test_p(wins: int, pairs: int) -> float:
+    """Two-sided exact sign test: the chance of a split at least as uneven as `wins` of
+    `pairs` if neither variant were faster (each pair a fair coin). 5 of 5 gives 0.0625:
+    five pairs cannot show a difference at the 5 % level, however large it is."""
+    tail = sum(math.comb(pairs, k) for k in range(0, min(wins, pairs - wins) + 1)) / 2 ** pairs
+    return min(1.0, 2 * tail)
+
+
 def summarize(times_a: Sequence[float], times_b: Sequence[float]) -> dict:
-    """Medians, B's median over A's, and in how many pairs B was faster (pairs by index)."""
+    """Medians, B's median over A's, each pair's B/A with their median and range, in how many
+    pairs B was faster (pairs by index) and the sign test's p-value for that split."""
     if len(times_a) != len(times_b) or not times_a:
         raise ValueError(f"need the same positive number of A and B timings; got {len(times_a)} and {len(times_b)}.")
     median_a, median_b = statistics.median(times_a), statistics.median(times_b)
+    ratios = [b / a for a, b in zip(times_a, times_b)]
+    wins = sum(b < a for a, b in zip(times_a, times_b))
     return {"median_a_s": median_a, "median_b_s": median_b, "b_over_a": median_b / median_a,
-            "b_faster_pairs": sum(b < a for a, b in zip(times_a, times_b)), "pairs": len(times_a),
+            "pair_b_over_a": ratios, "pair_b_over_a_median": statistics.median(ratios),
+            "pair_b_over_a_range": [min(ratios), max(ratios)],
+            "b_faster_pairs": wins, "pairs": len(times_a), "sign_test_p": sign_test_p(wins, len(times_a)),
             "a_s": list(times_a), "b_s": list(times_b)}
 
 
@@ -128,7 +144,9 @@ def main(argv=None):
         print(f"pair {index + 1}/{args.pairs}: A {times['A'][-1]:.2f} s, B {times['B'][-1]:.2f} s", flush=True)
     summary = summarize(times["A"], times["B"])
     print(f"{args.what} {args.precision}: median A {summary['median_a_s']:.3f} s, B {summary['median_b_s']:.3f} s "
-          f"(B/A {summary['b_over_a']:.3f}); B faster in {summary['b_faster_pairs']} of {summary['pairs']} pairs")
+          f"(B/A {summary['b_over_a']:.3f}; per pair {summary['pair_b_over_a_median']:.3f}, range "
+          f"{summary['pair_b_over_a_range'][0]:.3f}-{summary['pair_b_over_a_range'][1]:.3f}); B faster in "
+          f"{summary['b_faster_pairs']} of {summary['pairs']} pairs (sign test p = {summary['sign_test_p']:.3f})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"variants": args.variants, "what": args.what, "precision": args.precision,

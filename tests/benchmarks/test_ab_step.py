@@ -19,11 +19,22 @@ def test_summarize_by_hand():
     assert summary["median_a_s"] == 11.0 and summary["median_b_s"] == 10.0
     assert summary["b_over_a"] == pytest.approx(10.0 / 11.0)
     assert summary["b_faster_pairs"] == 2 and summary["pairs"] == 3  # Pairs 1 and 3; a tie would not count.
+    assert summary["pair_b_over_a"] == pytest.approx([0.9, 12.5 / 12.0, 10.0 / 11.0])
+    assert summary["pair_b_over_a_median"] == pytest.approx(10.0 / 11.0)
+    assert summary["pair_b_over_a_range"] == pytest.approx([0.9, 12.5 / 12.0])
+    assert summary["sign_test_p"] == 1.0  # 2 of 3: the tail P(at most 1 win) = 4 / 8, doubled.
     assert ab_step.summarize([1.0], [1.0])["b_faster_pairs"] == 0
     with pytest.raises(ValueError, match="same positive number"):
         ab_step.summarize([1.0, 2.0], [1.0])
     with pytest.raises(ValueError, match="same positive number"):
         ab_step.summarize([], [])
+
+
+def test_sign_test_by_hand():
+    assert ab_step.sign_test_p(5, 5) == 2 / 32 and ab_step.sign_test_p(0, 5) == 2 / 32
+    assert ab_step.sign_test_p(4, 5) == pytest.approx(2 * 6 / 32)  # P(4 or 5 wins) = (5 + 1) / 32.
+    assert ab_step.sign_test_p(8, 8) == pytest.approx(2 / 256)
+    assert ab_step.sign_test_p(3, 6) == 1.0 and ab_step.sign_test_p(1, 2) == 1.0
 
 
 def test_pairs_alternate_which_variant_runs_first():
