@@ -41,6 +41,14 @@ def step_flops(rows: int, layers: int, hidden: int, q_width: int, kv_width: int,
     return 2 * rows * (layers * per_layer + hidden * vocab)
 
 
+def layer_weight_shapes(layers: int, hidden: int, q_width: int, kv_width: int, intermediate: int,
+                        vocab: int) -> dict[str, tuple[int, int]]:
+    """One layer's dot weights as [in, out]: what `step_flops` counts, per layer."""
+    del layers, vocab  # The same for every layer; the head is separate.
+    return dict(q=(hidden, q_width), k=(hidden, kv_width), v=(hidden, kv_width), o=(q_width, hidden),
+                gate=(hidden, intermediate), up=(hidden, intermediate), down=(intermediate, hidden))
+
+
 def jax_side(args) -> list[float]:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from jaxrl_vr.host_memory import keep_host_memory
@@ -52,9 +60,7 @@ def jax_side(args) -> list[float]:
     s = SMOLLM2_135M
     dtype = jnp.bfloat16 if args.precision == "bf16" else jnp.float32
     rng = np.random.default_rng(0)
-    shapes = dict(q=(s["hidden"], s["q_width"]), k=(s["hidden"], s["kv_width"]), v=(s["hidden"], s["kv_width"]),
-                  o=(s["q_width"], s["hidden"]), gate=(s["hidden"], s["intermediate"]),
-                  up=(s["hidden"], s["intermediate"]), down=(s["intermediate"], s["hidden"]))
+    shapes = layer_weight_shapes(**s)
     weights = [{name: jnp.asarray(0.02 * rng.standard_normal(shape, np.float32)) for name, shape in shapes.items()}
                for _ in range(s["layers"])]
     head = jnp.asarray(0.02 * rng.standard_normal((s["vocab"], s["hidden"]), np.float32))
@@ -91,9 +97,7 @@ def torch_side(args) -> list[float]:
 
     s = SMOLLM2_135M
     gen = torch.Generator().manual_seed(0)
-    shapes = dict(q=(s["hidden"], s["q_width"]), k=(s["hidden"], s["kv_width"]), v=(s["hidden"], s["kv_width"]),
-                  o=(s["q_width"], s["hidden"]), gate=(s["hidden"], s["intermediate"]),
-                  up=(s["hidden"], s["intermediate"]), down=(s["intermediate"], s["hidden"]))
+    shapes = layer_weight_shapes(**s)
     weights = [{name: 0.02 * torch.randn(shape, generator=gen) for name, shape in shapes.items()}
                for _ in range(s["layers"])]
     head = 0.02 * torch.randn(s["vocab"], s["hidden"], generator=gen)

@@ -19,6 +19,13 @@ def test_step_flops_by_hand():
     assert decode_dots.step_flops(64, **decode_dots.SMOLLM2_135M) == 2 * 64 * (30 * 3_538_944 + 576 * 49_152)
 
 
+def test_the_weight_shapes_are_what_step_flops_counts():
+    shapes = decode_dots.layer_weight_shapes(**decode_dots.SMOLLM2_135M)
+    per_layer = sum(a * b for a, b in shapes.values())
+    s = decode_dots.SMOLLM2_135M
+    assert decode_dots.step_flops(1, **s) == 2 * (s["layers"] * per_layer + s["hidden"] * s["vocab"])
+
+
 def test_summarize_takes_the_median_of_round_medians():
     times = {"jax": [[2.0, 1.0, 3.0], [4.0, 4.0, 4.0]], "torch": [[6.0, 6.0, 7.0], [5.0, 5.0, 5.0]]}
     out = decode_dots.summarize(times, flops=12e9)
