@@ -97,3 +97,31 @@ def test_variants_that_compile_the_same_program_are_refused():
         A = B = staticmethod(lambda: None)
     with pytest.raises(ValueError, match="same program"):
         ab_step.compile_variants(Same, _build_core)
+
+
+def test_a_rollout_variant_traces_generate_core_afresh():
+    """The bug compile_variants fixes, on the real path: `generate`'s module-level core, traced
+    before the A/B, must be traced again for each variant (the example decode-attention forms
+    give different programs) and both programs must decode the same greedy tokens."""
+    from jaxrl_vr.models import from_pretrained
+    from jaxrl_vr.sampling import sampler
+
+    model = from_pretrained(os.path.join(os.path.dirname(__file__), "..", "fixtures", "tiny_llama"))
+    prompts, mask = np.full((2, 4), 3, np.int32), np.ones((2, 4), bool)
+    kwargs = dict(num_samples=2, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0, greedy=True,
+                  stop_token_ids=(-1,), pad_id=0, bucket=4, cache_dtype=None)
+    sampler.generate(jax.random.key(0), model, prompts, mask, **kwargs)  # The core's first trace.
+
+    def build():
+        args, static = sampler.generate_core_call(jax.random.key(0), model, prompts, mask, **kwargs)
+        compiled = sampler._generate_core.lower(*args, **static).compile()
+        run = lambda: compiled(*args[1:])  # noqa: E731  graphdef is static
+        run.hlo_text = compiled.as_text()
+        return run
+
+    variants = ab_step.load_variants(os.path.join(BENCHMARKS, "ab_variants", "decode_attention_form.py"))
+    try:
+        runs = ab_step.compile_variants(variants, build)
+    finally:
+        variants.A()
+    np.testing.assert_array_equal(runs["A"]()[0], runs["B"]()[0])
