@@ -6,9 +6,11 @@ timings of separate processes on a shared VM differed by more than the changes m
 docs/performance.md (perf27, perf28). A variants file is a Python module with two functions,
 `A()` and `B()`, each putting the code into one variant's state (monkeypatching the library
 before the variant is traced; JAX's caches are cleared first); `B()` is applied last and
-left in place. Example: `benchmarks/ab_variants/attention_layout.py`. It prints the medians,
-each pair's B/A and an exact sign test on how many pairs B won: with 5 pairs even 5 wins is
-p = 0.06, so a claimed difference wants 8 or more.
+left in place. Examples: `benchmarks/ab_variants/attention_layout.py` (update),
+`benchmarks/ab_variants/decode_attention_form.py` (rollout). It prints the medians,
+each pair's B/A, the mean B − A with its paired t-interval and an exact sign test on how
+many pairs B won (`jaxrl_vr.eval`'s `paired_difference` and `exact_two_sided_p`): with 5 pairs
+even 5 wins is p = 0.06, so a claimed difference wants 8 or more.
 
     python benchmarks/ab_step.py benchmarks/ab_variants/attention_layout.py \\
         --model-dir $PEERS_ROOT/models/smollm2-135m --prompts-file prompts.jsonl \\
@@ -20,7 +22,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import os
 import statistics
 import sys
@@ -28,12 +29,14 @@ import time
 from typing import Sequence
 
 import jax
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import profile_step  # noqa: E402
 import rl_step  # noqa: E402
+from jaxrl_vr.eval import exact_two_sided_p, paired_difference, poisson_binomial_pmf  # noqa: E402
 from jaxrl_vr.host_memory import keep_host_memory, memory_optimized_cpu_schedule  # noqa: E402
 
 
@@ -80,22 +83,24 @@ def sign_test_p(wins: int, pairs: int) -> float:
     """Two-sided exact sign test: the chance of a split at least as uneven as `wins` of
     `pairs` if neither variant were faster (each pair a fair coin). 5 of 5 gives 0.0625:
     five pairs cannot show a difference at the 5 % level, however large it is."""
-    tail = sum(math.comb(pairs, k) for k in range(0, min(wins, pairs - wins) + 1)) / 2 ** pairs
-    return min(1.0, 2 * tail)
+    return exact_two_sided_p(poisson_binomial_pmf(np.full(pairs, 0.5)), wins)
 
 
 def summarize(times_a: Sequence[float], times_b: Sequence[float]) -> dict:
     """Medians, B's median over A's, each pair's B/A with their median and range, in how many
-    pairs B was faster (pairs by index) and the sign test's p-value for that split."""
+    pairs B was faster (pairs by index) with the sign test's p-value, and the mean of B − A
+    over the pairs with its 95 % t-interval (`jaxrl_vr.eval.paired_difference`, pairs as seeds)."""
     if len(times_a) != len(times_b) or not times_a:
         raise ValueError(f"need the same positive number of A and B timings; got {len(times_a)} and {len(times_b)}.")
     median_a, median_b = statistics.median(times_a), statistics.median(times_b)
     ratios = [b / a for a, b in zip(times_a, times_b)]
     wins = sum(b < a for a, b in zip(times_a, times_b))
+    diff = paired_difference(dict(enumerate(times_b)), dict(enumerate(times_a)))
     return {"median_a_s": median_a, "median_b_s": median_b, "b_over_a": median_b / median_a,
             "pair_b_over_a": ratios, "pair_b_over_a_median": statistics.median(ratios),
             "pair_b_over_a_range": [min(ratios), max(ratios)],
             "b_faster_pairs": wins, "pairs": len(times_a), "sign_test_p": sign_test_p(wins, len(times_a)),
+            "b_minus_a_s": {"mean": diff.mean, "low": diff.low, "high": diff.high, "verdict": diff.verdict},
             "a_s": list(times_a), "b_s": list(times_b)}
 
 
@@ -129,9 +134,10 @@ def main(argv=None):
         profile_args = profile_step.parse_args(["--model-dir", args.model_dir, "--prompts-file", args.prompts_file,
                                                 "--precision", args.precision,
                                                 "--microbatches", str(args.microbatches)])
-    runs = compile_variants(variants, lambda: (profile_step.update_call(profile_args, model, rollout)
-                                               if args.what == "update"
-                                               else profile_step.rollout_call(model, prompt_ps, mask_ps)))
+        build = lambda: profile_step.update_call(profile_args, model, rollout)  # noqa: E731
+    else:
+        build = lambda: profile_step.rollout_call(model, prompt_ps, mask_ps)  # noqa: E731
+    runs = compile_variants(variants, build)
     for _ in range(args.warm_calls):
         for name in ("A", "B"):
             jax.block_until_ready(runs[name]())
@@ -146,7 +152,9 @@ def main(argv=None):
     print(f"{args.what} {args.precision}: median A {summary['median_a_s']:.3f} s, B {summary['median_b_s']:.3f} s "
           f"(B/A {summary['b_over_a']:.3f}; per pair {summary['pair_b_over_a_median']:.3f}, range "
           f"{summary['pair_b_over_a_range'][0]:.3f}-{summary['pair_b_over_a_range'][1]:.3f}); B faster in "
-          f"{summary['b_faster_pairs']} of {summary['pairs']} pairs (sign test p = {summary['sign_test_p']:.3f})")
+          f"{summary['b_faster_pairs']} of {summary['pairs']} pairs (sign test p = {summary['sign_test_p']:.3f}); "
+          f"B - A {summary['b_minus_a_s']['mean']:+.3f} s, 95 % interval [{summary['b_minus_a_s']['low']:+.3f}, "
+          f"{summary['b_minus_a_s']['high']:+.3f}]: {summary['b_minus_a_s']['verdict']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"variants": args.variants, "what": args.what, "precision": args.precision,

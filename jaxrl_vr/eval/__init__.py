@@ -17,6 +17,7 @@ from jaxrl_vr.eval.inversion import (
     survival_posterior,
     inversion_report,
     poisson_binomial_pmf,
+    exact_two_sided_p,
     survival_estimate,
 )
 from jaxrl_vr.eval.passk_eval import headline_ks, mean_passk_curve, passk_report
@@ -67,6 +68,7 @@ __all__ = [
     "plot_tradeoff",
     "plot_training_curves",
     "poisson_binomial_pmf",
+    "exact_two_sided_p",
     "read_metrics_jsonl",
     "seed_summary",
     "survival_estimate",

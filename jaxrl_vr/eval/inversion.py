@@ -38,7 +38,7 @@ from scipy import optimize, special
 
 from jaxrl_vr import passk
 
-__all__ = ["InversionCounts", "fit_beta_prior", "survival_estimate", "survival_posterior", "poisson_binomial_pmf", "inversion_counts", "inversion_report"]
+__all__ = ["InversionCounts", "fit_beta_prior", "survival_estimate", "survival_posterior", "poisson_binomial_pmf", "exact_two_sided_p", "inversion_counts", "inversion_report"]
 
 # Two-sided level below which a count is called different from chance.
 CHANCE_ALPHA = 0.05
@@ -116,7 +116,9 @@ def poisson_binomial_pmf(prob_p: Any) -> np.ndarray:
     return pmf
 
 
-def _two_sided_p(pmf: np.ndarray, observed: int) -> float:
+def exact_two_sided_p(pmf: np.ndarray, observed: int) -> float:
+    """min(1, 2·min(P(X ≥ observed), P(X ≤ observed))) for a count X with null pmf `pmf`
+    (the chance p-values here; with `poisson_binomial_pmf(np.full(n, 0.5))`, the sign test)."""
     upper = pmf[observed:].sum()
     lower = pmf[: observed + 1].sum()
     return float(min(1.0, 2.0 * min(upper, lower)))
@@ -227,7 +229,7 @@ def inversion_report(
     ):
         observed = int(hit_p.sum())
         expected = float(chance_p.sum())
-        p_value = _two_sided_p(poisson_binomial_pmf(chance_p), observed)
+        p_value = exact_two_sided_p(poisson_binomial_pmf(chance_p), observed)
         out[name] = observed
         out[f"{name}_expected_by_chance"] = expected
         out[f"{name}_chance_sd"] = float(np.sqrt((chance_p * (1.0 - chance_p)).sum()))

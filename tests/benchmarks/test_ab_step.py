@@ -23,6 +23,12 @@ def test_summarize_by_hand():
     assert summary["pair_b_over_a_median"] == pytest.approx(10.0 / 11.0)
     assert summary["pair_b_over_a_range"] == pytest.approx([0.9, 12.5 / 12.0])
     assert summary["sign_test_p"] == 1.0  # 2 of 3: the tail P(at most 1 win) = 4 / 8, doubled.
+    # B − A per pair: −1, 0.5, −1; mean −0.5, sd √(1.5 / 2), se 0.5, t(0.975, 2) = 4.303.
+    diff = summary["b_minus_a_s"]
+    assert diff["mean"] == pytest.approx(-0.5)
+    assert [diff["low"], diff["high"]] == pytest.approx([-0.5 - 4.3027 * 0.5, -0.5 + 4.3027 * 0.5], abs=1e-3)
+    assert diff["verdict"] == "no difference detected"
+    assert ab_step.summarize([2.0, 2.1, 2.0], [1.0, 1.1, 1.05])["b_minus_a_s"]["verdict"] == "lower"
     assert ab_step.summarize([1.0], [1.0])["b_faster_pairs"] == 0
     with pytest.raises(ValueError, match="same positive number"):
         ab_step.summarize([1.0, 2.0], [1.0])
