@@ -14,8 +14,8 @@ torch MLP stack 11 % faster than XLA's on an AMX Xeon, where the lead was 1.6×.
     python benchmarks/decode_dots.py [--rows 64] [--steps 63] [--rounds 2] [--precision bf16] \\
         [--torch-python $PEERS_ROOT/venv-trl/bin/python] [--out decode_dots.json]
 
-bf16: bf16 operands with float32 accumulation on our side (`preferred_element_type`), torch
-autocast's bf16 matmuls on the other.
+bf16: bf16 weights (cast once, outside the timed calls) on both sides; bf16 operands with
+float32 accumulation on ours (`preferred_element_type`), autocast's bf16 matmuls on torch's.
 """
 
 from __future__ import annotations
@@ -33,20 +33,29 @@ SMOLLM2_135M = dict(layers=30, hidden=576, q_width=576, kv_width=192, intermedia
 """The dot shapes of SmolLM2-135M: 9 query heads and 3 kv heads of 64, tied 49,152-token head."""
 
 
-def step_flops(rows: int, layers: int, hidden: int, q_width: int, kv_width: int, intermediate: int,
-               vocab: int) -> int:
-    """Multiply-adds × 2 of one decode step's dots: per layer q and o (D·Q each), k and v
-    (D·KV each), gate, up and down (D·F each), then the LM head (D·V)."""
-    per_layer = 2 * hidden * q_width + 2 * hidden * kv_width + 3 * hidden * intermediate
-    return 2 * rows * (layers * per_layer + hidden * vocab)
-
-
 def layer_weight_shapes(layers: int, hidden: int, q_width: int, kv_width: int, intermediate: int,
                         vocab: int) -> dict[str, tuple[int, int]]:
-    """One layer's dot weights as [in, out]: what `step_flops` counts, per layer."""
+    """One layer's dot weights as [in, out]: q, k, v, o, gate, up, down."""
     del layers, vocab  # The same for every layer; the head is separate.
     return dict(q=(hidden, q_width), k=(hidden, kv_width), v=(hidden, kv_width), o=(q_width, hidden),
                 gate=(hidden, intermediate), up=(hidden, intermediate), down=(intermediate, hidden))
+
+
+def step_flops(rows: int, **model) -> int:
+    """Multiply-adds × 2 of one decode step's dots: every layer's weights, then the LM head (D·V)."""
+    per_layer = sum(a * b for a, b in layer_weight_shapes(**model).values())
+    return 2 * rows * (model["layers"] * per_layer + model["hidden"] * model["vocab"])
+
+
+def time_calls(call, repeats: int) -> list[float]:
+    """One warm-up call (compilation, first touches), then `repeats` timed calls."""
+    call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def jax_side(args) -> list[float]:
@@ -61,13 +70,14 @@ def jax_side(args) -> list[float]:
     dtype = jnp.bfloat16 if args.precision == "bf16" else jnp.float32
     rng = np.random.default_rng(0)
     shapes = layer_weight_shapes(**s)
-    weights = [{name: jnp.asarray(0.02 * rng.standard_normal(shape, np.float32)) for name, shape in shapes.items()}
-               for _ in range(s["layers"])]
-    head = jnp.asarray(0.02 * rng.standard_normal((s["vocab"], s["hidden"]), np.float32))
+    # Weights in the compute dtype once, as the sampler's `cast_matmul_weights` does per call.
+    weights = [{name: jnp.asarray(0.02 * rng.standard_normal(shape, np.float32), dtype)
+                for name, shape in shapes.items()} for _ in range(s["layers"])]
+    head = jnp.asarray(0.02 * rng.standard_normal((s["vocab"], s["hidden"]), np.float32), dtype)
     repeats = s["q_width"] // s["kv_width"]
 
     def dot(x, w):
-        return jnp.matmul(x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+        return jnp.matmul(x.astype(dtype), w, preferred_element_type=jnp.float32)
 
     @jax.jit
     def run(x, weights, head):
@@ -76,18 +86,12 @@ def jax_side(args) -> list[float]:
                 attn = dot(x, w["q"]) + jnp.tile(dot(x, w["k"]) + dot(x, w["v"]), (1, repeats))
                 x = x + dot(attn, w["o"])
                 x = 0.5 * (x + dot(jax.nn.silu(dot(x, w["gate"])) * dot(x, w["up"]), w["down"]))
-            logits = jnp.matmul(x.astype(dtype), head.astype(dtype).T, preferred_element_type=jnp.float32)
+            logits = jnp.matmul(x.astype(dtype), head.T, preferred_element_type=jnp.float32)
             return x + 1e-3 * logits[:, :s["hidden"]]
         return jax.lax.fori_loop(0, args.steps, step, x)
 
     x = jnp.asarray(rng.standard_normal((args.rows, s["hidden"]), np.float32))
-    jax.block_until_ready(run(x, weights, head))
-    times = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(run(x, weights, head))
-        times.append(time.perf_counter() - start)
-    return times
+    return time_calls(lambda: jax.block_until_ready(run(x, weights, head)), args.repeats)
 
 
 def torch_side(args) -> list[float]:
@@ -98,9 +102,10 @@ def torch_side(args) -> list[float]:
     s = SMOLLM2_135M
     gen = torch.Generator().manual_seed(0)
     shapes = layer_weight_shapes(**s)
-    weights = [{name: 0.02 * torch.randn(shape, generator=gen) for name, shape in shapes.items()}
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # cast once, as on our side
+    weights = [{name: (0.02 * torch.randn(shape, generator=gen)).to(dtype) for name, shape in shapes.items()}
                for _ in range(s["layers"])]
-    head = 0.02 * torch.randn(s["vocab"], s["hidden"], generator=gen)
+    head = (0.02 * torch.randn(s["vocab"], s["hidden"], generator=gen)).to(dtype)
     repeats = s["q_width"] // s["kv_width"]
     autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if args.precision == "bf16"
                 else contextlib.nullcontext())
@@ -117,13 +122,7 @@ def torch_side(args) -> list[float]:
         return x
 
     x = torch.randn(args.rows, s["hidden"], generator=gen)
-    run(x)
-    times = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        run(x)
-        times.append(time.perf_counter() - start)
-    return times
+    return time_calls(lambda: run(x), args.repeats)
 
 
 def summarize(times: dict[str, list[list[float]]], flops: int) -> dict:

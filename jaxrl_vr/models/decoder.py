@@ -185,8 +185,8 @@ def _attend_kv_major(q_bthe: jax.Array, k_bske: jax.Array, v_bske: jax.Array, al
     """`attend` in float32 with (row, kv head) leading and a query's group and position merged
     into one axis: [B, Hkv, G·T, Dh] · [B, Hkv, S, Dh]. Every dot then has its contracted
     axis last on both sides and its output in the order the next op reads: a float32
-    SmolLM2 update on a Zen 5 EPYC went from 12.20 to 11.69 s (docs/performance.md,
-    "perf28"). Not used for bf16 compute: in this form XLA:CPU ran the batched bf16 dots on
+    SmolLM2 update on a Zen 5 EPYC ran about 3 % faster, in 13 of 16 alternated pairs
+    (docs/performance.md, "perf28", "perf29"). Not used for bf16 compute: in this form XLA:CPU ran the batched bf16 dots on
     float32 copies of their operands ("perf27")."""
     b, t, h, e = q_bthe.shape
     s, kv_heads = k_bske.shape[1], k_bske.shape[2]
