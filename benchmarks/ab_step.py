@@ -14,7 +14,7 @@ even 5 wins is p = 0.06, so a claimed difference wants 8 or more.
 
     python benchmarks/ab_step.py benchmarks/ab_variants/attention_layout.py \\
         --model-dir $PEERS_ROOT/models/smollm2-135m --prompts-file prompts.jsonl \\
-        [--what update|rollout] [--precision bf16] [--pairs 5] [--json out.json]
+        [--what update|rollout|long-rollout] [--precision bf16] [--pairs 5] [--json out.json]
 """
 
 from __future__ import annotations
@@ -108,8 +108,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("variants", help="a Python file defining A() and B()")
     parser.add_argument("--model-dir", required=True)
-    parser.add_argument("--prompts-file", required=True)
-    parser.add_argument("--what", choices=("update", "rollout"), default="update")
+    parser.add_argument("--prompts-file", default=None, help="prompts.py's file (update and rollout)")
+    parser.add_argument("--what", choices=("update", "rollout", "long-rollout"), default="update",
+                        help="long-rollout: decode.py's long-response case (1 prompt x 8 samples, 512 tokens, EOS "
+                             "allowed; no prompts file). A variant that moves float rounding can draw other "
+                             "tokens and end rows at other lengths: each rollout's generated tokens are reported")
     parser.add_argument("--precision", choices=tuple(rl_step.PRECISIONS), default="fp32")
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--pairs", type=int, default=5)
@@ -119,6 +122,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.pairs < 1:
         parser.error(f"--pairs must be at least 1; got {args.pairs}.")
+    if args.what != "long-rollout" and not args.prompts_file:
+        parser.error(f"--what {args.what} needs --prompts-file (write it with the peers' prompts.py).")
     return args
 
 
@@ -127,7 +132,10 @@ def main(argv=None):
     variants = load_variants(args.variants)  # Fail on a bad file before loading the model.
     memory_optimized_cpu_schedule()  # before any computation, as rl_step.py
     keep_host_memory()
-    model, prompt_ps, mask_ps = profile_step.load_workload(args)
+    if args.what == "long-rollout":
+        model = profile_step.load_model(args)
+    else:
+        model, prompt_ps, mask_ps = profile_step.load_workload(args)
     if args.what == "update":
         rollout = profile_step.workload_rollout(model, prompt_ps, mask_ps)
         # profile_step's own defaults for what update_call reads (LM-head chunk, shared prefix).
@@ -135,12 +143,19 @@ def main(argv=None):
                                                 "--precision", args.precision,
                                                 "--microbatches", str(args.microbatches)])
         build = lambda: profile_step.update_call(profile_args, model, rollout)  # noqa: E731
-    else:
+    elif args.what == "rollout":
         build = lambda: profile_step.rollout_call(model, prompt_ps, mask_ps)  # noqa: E731
+    else:
+        build = lambda: profile_step.long_rollout_call(model, args.model_dir)  # noqa: E731
     runs = compile_variants(variants, build)
+    generated = {}
     for _ in range(args.warm_calls):
         for name in ("A", "B"):
-            jax.block_until_ready(runs[name]())
+            out = jax.block_until_ready(runs[name]())
+            if args.what != "update":  # generate's core returns (tokens, log-probs, mask, lengths, truncated).
+                generated[name] = int(np.asarray(out[3]).sum())
+    if generated:
+        print(f"generated tokens per call: A {generated['A']}, B {generated['B']}", flush=True)
     times = {"A": [], "B": []}
     for index in range(args.pairs):
         for name in pair_order(index):
@@ -158,7 +173,7 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"variants": args.variants, "what": args.what, "precision": args.precision,
-                       "load_1m": os.getloadavg()[0], **summary}, f, indent=2)
+                       "load_1m": os.getloadavg()[0], "generated_tokens": generated or None, **summary}, f, indent=2)
 
 
 if __name__ == "__main__":

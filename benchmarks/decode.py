@@ -44,6 +44,11 @@ LONG_PROMPT = "Write a long story about a robot who learns to count.\n"
 LONG_SAMPLES = 8
 
 
+def long_prompt_ids(tokenizer) -> list[int]:
+    """The long-response case's one prompt, as token ids."""
+    return tokenizer.encode(LONG_PROMPT, add_bos=bool(getattr(tokenizer, "add_bos_default", False)))
+
+
 def make_cases(args, tokenizer) -> list[dict]:
     rng = np.random.default_rng(0)
     with open(os.path.join(args.model_dir, "config.json")) as f:
@@ -53,8 +58,7 @@ def make_cases(args, tokenizer) -> list[dict]:
               "new_tokens": args.new_tokens, "greedy": True, "stop": False}
              for b in (int(x) for x in args.batches.split(",") if x)]
     if args.long_new_tokens > 0:
-        ids = tokenizer.encode(LONG_PROMPT, add_bos=bool(getattr(tokenizer, "add_bos_default", False)))
-        cases.append({"name": "long", "prompts": [ids], "samples": LONG_SAMPLES,
+        cases.append({"name": "long", "prompts": [long_prompt_ids(tokenizer)], "samples": LONG_SAMPLES,
                       "new_tokens": args.long_new_tokens, "greedy": False, "stop": True})
     return cases
 

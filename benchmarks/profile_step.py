@@ -34,6 +34,7 @@ from flax import nnx
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import decode  # noqa: E402
 import rl_step  # noqa: E402
 from jaxrl_vr.host_memory import keep_host_memory, memory_optimized_cpu_schedule  # noqa: E402
 from jaxrl_vr.models import from_pretrained, load_tokenizer, set_compute_dtype  # noqa: E402
@@ -46,6 +47,7 @@ from jaxrl_vr.train import (  # noqa: E402
 
 
 PROMPTS, SAMPLES, NEW_TOKENS = 8, 8, 64  # rl_step.py's workload: P, G, response tokens
+LONG_NEW_TOKENS = 512  # decode.py's long-response case (its --long-new-tokens default)
 
 
 def op_labels(hlo_text: str) -> dict[str, str]:
@@ -217,11 +219,16 @@ def main(argv=None):
                        "timeline": lines}, f, indent=2)
 
 
+def load_model(args):
+    """The model in `args.model_dir` at `args.precision`."""
+    return set_compute_dtype(from_pretrained(args.model_dir), rl_step.PRECISIONS[args.precision])
+
+
 def load_workload(args):
     """(model at `args.precision`, prompt tokens [P, S], prompt mask) of rl_step.py's workload."""
     with open(args.prompts_file) as f:
         texts = [json.loads(line) for line in f if line.strip()][:PROMPTS]
-    model = set_compute_dtype(from_pretrained(args.model_dir), rl_step.PRECISIONS[args.precision])
+    model = load_model(args)
     prompt_ps, mask_ps = rl_step.encode(load_tokenizer(args.model_dir), texts, 32)
     return model, prompt_ps, mask_ps
 
@@ -232,12 +239,14 @@ def workload_rollout(model, prompt_ps, mask_ps):
                     max_new_tokens=NEW_TOKENS, stop_token_ids=(), pad_id=0)
 
 
-def rollout_call(model, prompt_ps, mask_ps):
-    """generate's compiled core on the rl_step rollout (P = 8, G = 8, 64 tokens, EOS suppressed)."""
+def rollout_call(model, prompt_ps, mask_ps, *, num_samples: int = SAMPLES, max_new_tokens: int = NEW_TOKENS,
+                 stop_token_ids: Sequence[int] | None = ()):
+    """generate's compiled core on the rl_step rollout (P = 8, G = 8, 64 tokens, EOS suppressed),
+    or on other prompts, sample counts, lengths and stop ids (None = the model's EOS)."""
     core_args, core_kwargs = sampler.generate_core_call(
-        jax.random.key(1), model, prompt_ps, mask_ps, num_samples=SAMPLES, max_new_tokens=NEW_TOKENS,
+        jax.random.key(1), model, prompt_ps, mask_ps, num_samples=num_samples, max_new_tokens=max_new_tokens,
         temperature=1.0,
-        top_p=1.0, top_k=0, greedy=False, stop_token_ids=(), pad_id=0, bucket=sampler.DEFAULT_BUCKET,
+        top_p=1.0, top_k=0, greedy=False, stop_token_ids=stop_token_ids, pad_id=0, bucket=sampler.DEFAULT_BUCKET,
         cache_dtype=None)
     compiled = sampler._generate_core.lower(*core_args, **core_kwargs).compile()
 
@@ -246,6 +255,14 @@ def rollout_call(model, prompt_ps, mask_ps):
     run.hlo_text = compiled.as_text()
     run.labels = op_labels(run.hlo_text)
     return run
+
+
+def long_rollout_call(model, model_dir: str):
+    """generate's compiled core on decode.py's long-response case: its one prompt, G = 8 samples
+    at temperature 1, 512 new tokens, EOS allowed (the call ends when every row has stopped)."""
+    ids = np.asarray([decode.long_prompt_ids(load_tokenizer(model_dir))], np.int32)
+    return rollout_call(model, ids, np.ones(ids.shape, bool), num_samples=decode.LONG_SAMPLES,
+                        max_new_tokens=LONG_NEW_TOKENS, stop_token_ids=None)
 
 
 def update_call(args, model, rollout):

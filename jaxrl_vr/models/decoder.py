@@ -71,6 +71,16 @@ class KVCache(NamedTuple):
     valid_bm: jax.Array
     index: jax.Array
 
+    def grown(self, max_len: int) -> "KVCache":
+        """The same cache with `max_len` slots: empty (invalid, zero) slots appended (one copy
+        of every buffer). `generate` grows its cache between decode segments."""
+        extra = max_len - self.valid_bm.shape[1]
+        if extra < 0:
+            raise ValueError(f"KVCache.grown({max_len}) would drop slots: the cache holds {self.valid_bm.shape[1]}.")
+        pad = lambda x, axis: jnp.pad(x, [(0, extra if a == axis else 0) for a in range(x.ndim)])  # noqa: E731
+        return KVCache(tuple(pad(k, 3) for k in self.keys_bkem), tuple(pad(v, 2) for v in self.values_bkme),
+                       pad(self.valid_bm, 1), self.index)
+
 
 class PrefixKV(NamedTuple):
     """Every layer's rotated keys and values of a batch of prompt prefixes.

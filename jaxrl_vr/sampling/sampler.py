@@ -1,8 +1,9 @@
 """Jitted autoregressive sampling with a static-shape KV cache.
 
 `generate` prefills each prompt once, broadcasts the prompt's cache to its G samples, then
-decodes one token per step under a `lax.while_loop` that stops as soon as every sequence has
-emitted a stop token (or after `max_new_tokens`). The jitted core takes the model as
+decodes one token per step under `lax.while_loop`s (one per segment of the response buffer,
+over a cache that grows between them: `decode_segments`) that stop as soon as every sequence
+has emitted a stop token (or after `max_new_tokens`). The jitted core takes the model as
 (graphdef: static, state: argument) via `nnx.split`, so new parameters from training reuse
 the compiled program. Prompt length S and the response buffer are rounded up to multiples
 of `bucket` (extra left padding / unused slots), and temperature, top-p, top-k,
@@ -29,6 +30,13 @@ from jaxrl_vr import ratios
 from jaxrl_vr.models.decoder import Decoder, cast_matmul_weights, default_cache_dtype, default_positions
 
 DEFAULT_BUCKET = 16
+# Decode-loop segments (`decode_segments`): segment j of n runs steps [j/n, (j+1)/n) of the
+# response buffer and its attention reads only the cache slots written by the segment's end.
+# By default up to MAX_DECODE_SEGMENTS of at least MIN_SEGMENT_STEPS steps each: every segment
+# is another compiled copy of the loop body (a 16-token buffer keeps one loop and its compile
+# time; SmolLM2's 64- and 512-token rollouts get four, docs/performance.md "perf30").
+MAX_DECODE_SEGMENTS = 4
+MIN_SEGMENT_STEPS = 16
 
 # Trace-time bookkeeping (Python side effects run once per compilation): tests use these to
 # check "no recompilation" and "one prefill per prompt, not per sample".
@@ -209,11 +217,25 @@ def _prefill(model: Decoder, layer_params, tokens_ps, mask_ps, max_len: int, cac
     return logits_p1v[:, 0], cache
 
 
+def default_decode_segments(buffer_len: int) -> int:
+    """`generate`'s segment count for a response buffer of `buffer_len` steps:
+    min(MAX_DECODE_SEGMENTS, buffer_len // MIN_SEGMENT_STEPS), at least 1."""
+    return max(1, min(MAX_DECODE_SEGMENTS, buffer_len // MIN_SEGMENT_STEPS))
+
+
+def decode_segment_ends(buffer_len: int, segments: int) -> list[int]:
+    """The decode steps at which each of `segments` loops ends: [ceil(buffer_len * (j+1) / n)],
+    duplicates dropped (more segments than steps), the last always `buffer_len`."""
+    if segments < 1 or buffer_len < 1:
+        raise ValueError(f"decode_segments={segments} and buffer_len={buffer_len} must be >= 1.")
+    return sorted({-(-buffer_len * (j + 1) // segments) for j in range(segments)})
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "num_samples", "buffer_len", "greedy", "use_filter",
-                                             "cache_dtype"))
+                                             "cache_dtype", "decode_segments"))
 def _generate_core(graphdef, state, key, tokens_ps, mask_ps, max_new_tokens, temperature, top_p, top_k,
                    stop_ids_n, pad_id, *, num_samples: int, buffer_len: int, greedy: bool, use_filter: bool,
-                   cache_dtype: str | None = None):
+                   cache_dtype: str | None = None, decode_segments: int | None = None):
     TRACE_COUNTS["generate"] += 1
     # Mixed precision: cast the block matrices once per call, not once per decode step.
     model = cast_matmul_weights(nnx.merge(graphdef, state))
@@ -221,7 +243,8 @@ def _generate_core(graphdef, state, key, tokens_ps, mask_ps, max_new_tokens, tem
     layer_params = model.layers.unstacked()
     num_prompts, prompt_len = tokens_ps.shape
     batch = num_prompts * num_samples
-    logits_pv, cache = _prefill(model, layer_params, tokens_ps, mask_ps, prompt_len + buffer_len, cache_dtype)
+    segment_ends = decode_segment_ends(buffer_len, decode_segments or default_decode_segments(buffer_len))
+    logits_pv, cache = _prefill(model, layer_params, tokens_ps, mask_ps, prompt_len + segment_ends[0], cache_dtype)
     repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731  Prompt-major.
     cache = cache._replace(
         keys_bkem=tuple(repeat(k) for k in cache.keys_bkem),
@@ -254,14 +277,21 @@ def _generate_core(graphdef, state, key, tokens_ps, mask_ps, max_new_tokens, tem
     # The loop emits tokens 0 .. T-2 and runs the model on each; token T-1 (or the no-op emit
     # after every row stopped) is emitted after the loop from the last logits, so the final
     # token costs no forward pass (one of T per call, as in HF `generate`).
-    def cond(c: Carry):
-        return (c.step + 1 < max_new_tokens) & ~jnp.all(c.done_b)
+    # The loop runs in segments (`decode_segment_ends`): step s writes slot prompt_len + s and
+    # its query sees slots <= prompt_len + s, so during a segment ending at step e the cache
+    # holds prompt_len + e slots and grows between segments (fewer cache bytes read per step;
+    # the slots left out are masked anyway, so only float rounding moves). Reading a static
+    # slice of one full-length buffer instead made XLA:CPU copy the cache every step (perf30).
+    def segment_loop(end: int):
+        def cond(c: Carry):
+            return (c.step + 1 < max_new_tokens) & (c.step < end) & ~jnp.all(c.done_b)
 
-    def body(c: Carry):
-        token_b, done_b, tokens_bt, logp_bt, mask_bt = emit(c)
-        logits_b1v, new_cache = model.decode_step(token_b[:, None], (start_pos_b + c.step)[:, None], c.cache,
-                                                  last_only=True, layer_params=layer_params)
-        return Carry(c.step + 1, logits_b1v[:, 0], new_cache, done_b, tokens_bt, logp_bt, mask_bt)
+        def body(c: Carry):
+            token_b, done_b, tokens_bt, logp_bt, mask_bt = emit(c)
+            logits_b1v, new_cache = model.decode_step(token_b[:, None], (start_pos_b + c.step)[:, None], c.cache,
+                                                      last_only=True, layer_params=layer_params)
+            return Carry(c.step + 1, logits_b1v[:, 0], new_cache, done_b, tokens_bt, logp_bt, mask_bt)
+        return lambda c: jax.lax.while_loop(cond, body, c)
 
     init = Carry(
         step=jnp.zeros((), jnp.int32),
@@ -272,7 +302,11 @@ def _generate_core(graphdef, state, key, tokens_ps, mask_ps, max_new_tokens, tem
         logp_bt=jnp.zeros((batch, buffer_len), jnp.float32),
         mask_bt=jnp.zeros((batch, buffer_len), bool),
     )
-    final = jax.lax.while_loop(cond, body, init)
+    final = init
+    for j, end in enumerate(segment_ends):
+        if j:
+            final = final._replace(cache=final.cache.grown(prompt_len + end))
+        final = segment_loop(end)(final)
     _, _, tokens_bt, logp_bt, mask_bt = emit(final)
     length_b = jnp.sum(mask_bt, axis=1, dtype=jnp.int32)
     last_b = jnp.take_along_axis(tokens_bt, jnp.maximum(length_b - 1, 0)[:, None], axis=1)[:, 0]
@@ -283,7 +317,8 @@ def _generate_core(graphdef, state, key, tokens_ps, mask_ps, max_new_tokens, tem
 def generate(key: jax.Array, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *, num_samples: int = 1,
              max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
              greedy: bool = False, stop_token_ids: Sequence[int] | None = None, pad_id: int = 0,
-             bucket: int = DEFAULT_BUCKET, cache_dtype: str | None = None) -> Rollout:
+             bucket: int = DEFAULT_BUCKET, cache_dtype: str | None = None,
+             decode_segments: int | None = None) -> Rollout:
     """Samples `num_samples` responses per left-padded prompt.
 
     Args:
@@ -305,6 +340,12 @@ def generate(key: jax.Array, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *
         in float32 on the cache as it is (faster under bf16 compute too, "perf26" in
         docs/performance.md), else the model's compute dtype. With a bf16 cache, or over more
         slots, the attention dots cast keys and values to the compute dtype.
+      decode_segments: the decode loop runs as this many loops over equal parts of the
+        response buffer, each attending over only the cache slots written by its end (about
+        (n - 1) / 2n of the buffer's slots fewer read per step; one compiled loop body per
+        segment). 1 = one loop over the whole cache; None = `default_decode_segments` (4 for
+        buffers of 64 steps or more, 1 up to 31). Same distribution: the log-probs move only
+        by float rounding, which can flip a sampled token that falls on a boundary.
 
     Returns:
       Rollout with [B, max_new_tokens] responses (see `Rollout`).
@@ -312,7 +353,7 @@ def generate(key: jax.Array, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *
     core_args, core_kwargs = generate_core_call(
         key, model, prompt_tokens_ps, prompt_mask_ps, num_samples=num_samples, max_new_tokens=max_new_tokens,
         temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy, stop_token_ids=stop_token_ids,
-        pad_id=pad_id, bucket=bucket, cache_dtype=cache_dtype)
+        pad_id=pad_id, bucket=bucket, cache_dtype=cache_dtype, decode_segments=decode_segments)
     tokens_bt, logp_bt, mask_bt, length_b, truncated_b = _generate_core(*core_args, **core_kwargs)
     tokens_ps = np.asarray(prompt_tokens_ps, np.int32)
     prompt_tokens_bs = jnp.asarray(np.repeat(tokens_ps, num_samples, axis=0))
@@ -324,7 +365,8 @@ def generate(key: jax.Array, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *
 def generate_core_call(key, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *, num_samples: int,
                        max_new_tokens: int, temperature: float, top_p: float, top_k: int, greedy: bool,
                        stop_token_ids: Sequence[int] | None, pad_id: int, bucket: int,
-                       cache_dtype: str | None) -> tuple[tuple, dict]:
+                       cache_dtype: str | None, decode_segments: int | None = None
+                       ) -> tuple[tuple, dict]:
     """Checks `generate`'s inputs and returns the (args, kwargs) of its jitted core.
 
     `benchmarks/profile_step.py --what rollout` compiles and traces the core with them.
@@ -348,6 +390,9 @@ def generate_core_call(key, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *,
         raise ValueError(f"temperature={temperature} must be > 0 (use greedy=True for argmax decoding).")
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p={top_p} must lie in (0, 1].")
+    if decode_segments is not None and not (isinstance(decode_segments, (int, np.integer)) and decode_segments >= 1):
+        raise ValueError(f"decode_segments={decode_segments!r} must be an integer >= 1 (1 = one decode loop) "
+                         "or None (the default for the response length).")
     if stop_token_ids is None:
         stop_token_ids = model.config.eos_token_ids
     stop_ids = np.asarray(list(stop_token_ids) or [-1], np.int32)  # -1 never matches a token.
@@ -364,5 +409,6 @@ def generate_core_call(key, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *,
     args = (graphdef, state, key, tokens_bucketed, mask_bucketed, np.int32(max_new_tokens), np.float32(temperature),
             np.float32(top_p), np.int32(top_k), stop_ids, np.int32(pad_id))
     kwargs = dict(num_samples=num_samples, buffer_len=buffer_len, greedy=bool(greedy),
-                  cache_dtype=cache_dtype, use_filter=bool(not greedy and (top_k > 0 or top_p < 1)))
+                  cache_dtype=cache_dtype, use_filter=bool(not greedy and (top_k > 0 or top_p < 1)),
+                  decode_segments=int(decode_segments or default_decode_segments(buffer_len)))
     return args, kwargs

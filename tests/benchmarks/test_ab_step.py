@@ -131,3 +131,32 @@ def test_a_rollout_variant_traces_generate_core_afresh():
     finally:
         variants.A()
     np.testing.assert_array_equal(runs["A"]()[0], runs["B"]()[0])
+
+
+def test_the_decode_segments_variants_switch_the_segment_count(monkeypatch):
+    """The perf30 example: A runs one decode loop, B the sampler's default segments, four for a
+    64-token buffer (both through `generate_core_call`, which profile_step's rollouts call by
+    module attribute)."""
+    from jaxrl_vr.models import from_pretrained
+    from jaxrl_vr.sampling import sampler
+
+    monkeypatch.setattr(sampler, "generate_core_call", sampler.generate_core_call)  # Restored afterwards.
+    model = from_pretrained(os.path.join(os.path.dirname(__file__), "..", "fixtures", "tiny_llama"))
+    prompts, mask = np.full((2, 4), 3, np.int32), np.ones((2, 4), bool)
+    kwargs = dict(num_samples=2, max_new_tokens=64, temperature=1.0, top_p=1.0, top_k=0, greedy=True,
+                  stop_token_ids=(-1,), pad_id=0, bucket=4, cache_dtype=None)
+    variants = ab_step.load_variants(os.path.join(BENCHMARKS, "ab_variants", "decode_segments.py"))
+    segments = {}
+    for name in ("A", "B"):
+        getattr(variants, name)()
+        segments[name] = sampler.generate_core_call(jax.random.key(0), model, prompts, mask, **kwargs)[1][
+            "decode_segments"]
+    assert segments == {"A": 1, "B": 4}
+
+
+def test_only_the_long_rollout_goes_without_a_prompts_file(capsys):
+    args = ab_step.parse_args(["v.py", "--model-dir", "m", "--what", "long-rollout"])
+    assert args.what == "long-rollout" and args.prompts_file is None
+    with pytest.raises(SystemExit):
+        ab_step.parse_args(["v.py", "--model-dir", "m", "--what", "rollout"])
+    assert "needs --prompts-file" in capsys.readouterr().err

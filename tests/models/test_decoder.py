@@ -172,6 +172,31 @@ def test_decode_steps_match_full_forward(model):
     np.testing.assert_allclose(last[:3, 0], full[:3, -1], atol=1e-5)
 
 
+def test_grown_cache_keeps_its_slots_and_decodes_as_the_longer_one(model):
+    """`KVCache.grown` appends empty slots: the kept slots, index and validity are unchanged,
+    the new ones are zero and invalid, and decoding on into them gives the logits of a cache
+    that had all its slots from the start (the grown slots hold nothing a query may see)."""
+    positions = decoder_lib.default_positions(jnp.asarray(MASK))
+    step = nnx.jit(lambda m, t, p, c, k: m.decode_step(t, p, c, mask_bt=k))
+    short = step(model, TOKENS[:, :5], positions[:, :5], model.init_cache(4, 5), MASK[:, :5])[1]
+    grown = short.grown(9)
+    assert grown.valid_bm.shape == (4, 9) and int(grown.index) == 5
+    np.testing.assert_array_equal(grown.valid_bm[:, :5], short.valid_bm)
+    assert not grown.valid_bm[:, 5:].any()
+    np.testing.assert_array_equal(grown.keys_bkem[1][..., :5], short.keys_bkem[1])
+    np.testing.assert_array_equal(grown.values_bkme[1][:, :, :5], short.values_bkme[1])
+    assert float(jnp.abs(grown.keys_bkem[1][..., 5:]).max()) == 0.0
+    assert float(jnp.abs(grown.values_bkme[1][:, :, 5:]).max()) == 0.0
+    long = step(model, TOKENS[:, :5], positions[:, :5], model.init_cache(4, 9), MASK[:, :5])[1]
+    for t in range(5, 7):
+        from_grown, grown = step(model, TOKENS[:, t:t + 1], positions[:, t:t + 1], grown, MASK[:, t:t + 1])
+        from_long, long = step(model, TOKENS[:, t:t + 1], positions[:, t:t + 1], long, MASK[:, t:t + 1])
+        real = MASK[:, t]  # Row 3 is all padding: no slot it may see, its logits mean nothing.
+        np.testing.assert_allclose(from_grown[real], from_long[real], atol=1e-5)
+    with pytest.raises(ValueError, match="would drop slots"):
+        short.grown(4)
+
+
 def test_grads_finite_zero_through_padding_and_remat_equal(model):
     def loss(m):
         return jnp.sum(jnp.where(jnp.asarray(MASK)[..., None], m(TOKENS, mask_bt=jnp.asarray(MASK)), 0.0) ** 2)

@@ -125,6 +125,55 @@ class ArgmaxLastTest(chex.TestCase):
         np.testing.assert_array_equal(self.variant(argmax_last)(x), jnp.argmax(x, axis=-1))
 
 
+def test_decode_segment_ends_hand_computed():
+    segments = sampler_lib.default_decode_segments  # One segment per 16 steps, at most 4.
+    assert [segments(n) for n in (1, 16, 31, 32, 48, 64, 512)] == [1, 1, 1, 2, 3, 4, 4]
+    ends = sampler_lib.decode_segment_ends
+    assert ends(64, 4) == [16, 32, 48, 64]
+    assert ends(64, 1) == [64]
+    assert ends(10, 4) == [3, 5, 8, 10]  # ceil(2.5), 5, ceil(7.5), 10.
+    assert ends(3, 8) == [1, 2, 3]  # More segments than steps: one per step, duplicates dropped.
+    with pytest.raises(ValueError, match="decode_segments=0"):
+        ends(16, 0)
+
+
+@pytest.mark.parametrize("segments", [1, 3, 16])
+def test_decode_segments_keep_the_rollout(llama, segments):
+    """The decode loop in 1, 3 or 16 segments (one per step of the 16-slot buffer): greedy tokens
+    are the fixture's (row 0 stops on 68 inside the second of three segments) and the log-probs
+    equal the default's up to float rounding (sums over fewer masked slots reassociate)."""
+    model, ref = llama
+    kwargs = dict(max_new_tokens=8, greedy=True, stop_token_ids=(68,))
+    default = generate(jax.random.key(0), model, ref["input_ids"], ref["attention_mask"], **kwargs)
+    split = generate(jax.random.key(0), model, ref["input_ids"], ref["attention_mask"], decode_segments=segments,
+                     **kwargs)
+    np.testing.assert_array_equal(split.tokens_bt[1:], ref["greedy_tokens"][1:])
+    np.testing.assert_array_equal(split.tokens_bt[0], [85, 44, 113, 85, 68, 0, 0, 0])
+    np.testing.assert_array_equal(split.length_b, [5, 8, 8])
+    np.testing.assert_allclose(split.logp_bt, default.logp_bt, atol=1e-5)
+
+
+@pytest.mark.parametrize("segments, slots", [(1, {24}), (3, {14, 19, 24}), (4, {12, 16, 20, 24}), (None, {24})])
+def test_decode_segments_grow_the_cache_each_loop_reads(llama, segments, slots):
+    """What the switch changes: with an 8-slot prompt bucket and a 16-step buffer, the program
+    runs one decode loop per segment, each carrying a cache of the slots written by its end
+    (8 + ceil(16 j / n)), instead of one loop over all 24 slots (the default for a buffer this
+    short: `default_decode_segments(16)` = 1)."""
+    model, ref = llama
+    prompts = np.asarray(ref["input_ids"], np.int32)[:, -8:]
+    graphdef, state = nnx.split(model)
+    c = model.config
+    text = sampler_lib._generate_core.lower(
+        graphdef, state, jax.random.key(0), prompts, np.ones(prompts.shape, bool), np.int32(8), np.float32(1),
+        np.float32(1), np.int32(0), np.asarray(NO_STOP, np.int32), np.int32(0), num_samples=2, buffer_len=16,
+        greedy=False, use_filter=False, decode_segments=segments).as_text()
+    loops = re.findall(r"stablehlo\.while\(.*?\)\s*:(.*?)cond \{", text, flags=re.S)  # The carried types.
+    key_shape = rf"tensor<6x{c.num_kv_heads}x{c.head_dim}x(\d+)xf32>"
+    carried = [{int(n) for n in re.findall(key_shape, loop)} for loop in loops]
+    carried = [found for found in carried if found]  # The sampler's inverse-CDF loops carry no cache.
+    assert len(carried) == len(slots) and set().union(*carried) == slots, carried
+
+
 def test_left_padding_gives_same_result_as_unpadded(llama):
     """Row 2 of the fixture is 5 pads + 5 tokens; alone and unpadded (no bucketing) it must
     produce the same greedy tokens and log-probs."""
@@ -463,6 +512,8 @@ def test_input_errors(llama):
         generate(jax.random.key(0), model, ok_tokens, ok_mask, max_new_tokens=4, temperature=0.0)
     with pytest.raises(TypeError, match="must be bool"):
         generate(jax.random.key(0), model, ok_tokens, ok_mask.astype(np.int32), max_new_tokens=4)
+    with pytest.raises(ValueError, match="decode_segments=0"):
+        generate(jax.random.key(0), model, ok_tokens, ok_mask, max_new_tokens=4, decode_segments=0)
 
 
 def test_generate_core_call_is_the_call_generate_makes():
