@@ -410,5 +410,5 @@ def generate_core_call(key, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *,
             np.float32(top_p), np.int32(top_k), stop_ids, np.int32(pad_id))
     kwargs = dict(num_samples=num_samples, buffer_len=buffer_len, greedy=bool(greedy),
                   cache_dtype=cache_dtype, use_filter=bool(not greedy and (top_k > 0 or top_p < 1)),
-                  decode_segments=int(decode_segments or default_decode_segments(buffer_len)))
+                  decode_segments=None if decode_segments is None else int(decode_segments))
     return args, kwargs

@@ -149,8 +149,8 @@ def test_the_decode_segments_variants_switch_the_segment_count(monkeypatch):
     segments = {}
     for name in ("A", "B"):
         getattr(variants, name)()
-        segments[name] = sampler.generate_core_call(jax.random.key(0), model, prompts, mask, **kwargs)[1][
-            "decode_segments"]
+        static = sampler.generate_core_call(jax.random.key(0), model, prompts, mask, **kwargs)[1]
+        segments[name] = static["decode_segments"] or sampler.default_decode_segments(static["buffer_len"])
     assert segments == {"A": 1, "B": 4}
 
 
