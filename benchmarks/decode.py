@@ -42,6 +42,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 LONG_PROMPT = "Write a long story about a robot who learns to count.\n"
 LONG_SAMPLES = 8
+LONG_NEW_TOKENS = 512
 
 
 def long_prompt_ids(tokenizer) -> list[int]:
@@ -168,7 +169,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--batches", default="1,8,64")
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--long-new-tokens", type=int, default=512, help="0 skips the long-response case")
+    parser.add_argument("--long-new-tokens", type=int, default=LONG_NEW_TOKENS, help="0 skips the long-response case")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=os.path.join(HERE, "decode_results.json"))
     parser.add_argument("--release-host-memory", action="store_true",

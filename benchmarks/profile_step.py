@@ -47,7 +47,6 @@ from jaxrl_vr.train import (  # noqa: E402
 
 
 PROMPTS, SAMPLES, NEW_TOKENS = 8, 8, 64  # rl_step.py's workload: P, G, response tokens
-LONG_NEW_TOKENS = 512  # decode.py's long-response case (its --long-new-tokens default)
 
 
 def op_labels(hlo_text: str) -> dict[str, str]:
@@ -262,7 +261,7 @@ def long_rollout_call(model, model_dir: str):
     at temperature 1, 512 new tokens, EOS allowed (the call ends when every row has stopped)."""
     ids = np.asarray([decode.long_prompt_ids(load_tokenizer(model_dir))], np.int32)
     return rollout_call(model, ids, np.ones(ids.shape, bool), num_samples=decode.LONG_SAMPLES,
-                        max_new_tokens=LONG_NEW_TOKENS, stop_token_ids=None)
+                        max_new_tokens=decode.LONG_NEW_TOKENS, stop_token_ids=None)
 
 
 def update_call(args, model, rollout):
