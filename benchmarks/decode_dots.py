@@ -7,8 +7,8 @@ only those dots (random float32 weights, a residual chain so no step can be skip
 `--steps` steps in each library: XLA through `jax.jit` of a `fori_loop` in this environment,
 torch in the peer TRL venv (`--torch-python`), each in a fresh process, alternated `--rounds`
 times. Neither side attends, samples or normalises, so the result bounds what any rollout
-built on that library can reach here: perf29 (docs/performance.md) measured XLA at 285 and
-torch at 118 GFLOP/s on a Zen 5 EPYC, where our rollout leads TRL's 3×; perf18 measured a
+built on that library can reach here: perf29 (docs/performance.md) measured XLA at 260 and
+torch at 128 GFLOP/s (fp32, 64 rows) on a Zen 5 EPYC, where our rollout leads TRL's 3×; perf18 measured a
 torch MLP stack 11 % faster than XLA's on an AMX Xeon, where the lead was 1.6×.
 
     python benchmarks/decode_dots.py [--rows 64] [--steps 63] [--rounds 2] [--precision bf16] \\

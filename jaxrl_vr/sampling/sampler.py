@@ -282,7 +282,7 @@ def _generate_core(graphdef, state, key, tokens_ps, mask_ps, max_new_tokens, tem
     # holds prompt_len + e slots and grows between segments (fewer cache bytes read per step;
     # the slots left out are masked anyway, so only float rounding moves). Reading a static
     # slice of one full-length buffer instead made XLA:CPU copy the cache every step (perf30).
-    def segment_loop(end: int):
+    def run_segment(c: Carry, end: int) -> Carry:
         def cond(c: Carry):
             return (c.step + 1 < max_new_tokens) & (c.step < end) & ~jnp.all(c.done_b)
 
@@ -291,7 +291,7 @@ def _generate_core(graphdef, state, key, tokens_ps, mask_ps, max_new_tokens, tem
             logits_b1v, new_cache = model.decode_step(token_b[:, None], (start_pos_b + c.step)[:, None], c.cache,
                                                       last_only=True, layer_params=layer_params)
             return Carry(c.step + 1, logits_b1v[:, 0], new_cache, done_b, tokens_bt, logp_bt, mask_bt)
-        return lambda c: jax.lax.while_loop(cond, body, c)
+        return jax.lax.while_loop(cond, body, c)
 
     init = Carry(
         step=jnp.zeros((), jnp.int32),
@@ -306,7 +306,7 @@ def _generate_core(graphdef, state, key, tokens_ps, mask_ps, max_new_tokens, tem
     for j, end in enumerate(segment_ends):
         if j:
             final = final._replace(cache=final.cache.grown(prompt_len + end))
-        final = segment_loop(end)(final)
+        final = run_segment(final, end)
     _, _, tokens_bt, logp_bt, mask_bt = emit(final)
     length_b = jnp.sum(mask_bt, axis=1, dtype=jnp.int32)
     last_b = jnp.take_along_axis(tokens_bt, jnp.maximum(length_b - 1, 0)[:, None], axis=1)[:, 0]
