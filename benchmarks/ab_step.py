@@ -68,6 +68,8 @@ def compile_variants(variants, build) -> dict:
         getattr(variants, name)()
         print(f"compiling {name} ...", flush=True)
         runs[name] = build()
+        if getattr(runs[name], "temp_bytes", None) is not None:
+            print(f"{name}: compiled temporaries {runs[name].temp_bytes / 2**20:,.0f} MiB", flush=True)
     if runs["A"].hlo_text == runs["B"].hlo_text:
         raise ValueError("variants A and B compiled to the same program: their hooks change nothing that "
                          "is traced (patch the function the compiled code calls, not a copy of it).")
@@ -173,7 +175,8 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"variants": args.variants, "what": args.what, "precision": args.precision,
-                       "load_1m": os.getloadavg()[0], "generated_tokens": generated or None, **summary}, f, indent=2)
+                       "load_1m": os.getloadavg()[0], "generated_tokens": generated or None,
+                       "temp_bytes": {name: getattr(run, "temp_bytes", None) for name, run in runs.items()}, **summary}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -253,6 +253,7 @@ def rollout_call(model, prompt_ps, mask_ps, *, num_samples: int = SAMPLES, max_n
         return compiled(*core_args[1:])  # graphdef is static
     run.hlo_text = compiled.as_text()
     run.labels = op_labels(run.hlo_text)
+    run.temp_bytes = temp_bytes(compiled)
     return run
 
 
@@ -262,6 +263,14 @@ def long_rollout_call(model, model_dir: str):
     ids = np.asarray([decode.long_prompt_ids(load_tokenizer(model_dir))], np.int32)
     return rollout_call(model, ids, np.ones(ids.shape, bool), num_samples=decode.LONG_SAMPLES,
                         max_new_tokens=decode.LONG_NEW_TOKENS, stop_token_ids=None)
+
+
+def temp_bytes(compiled) -> int | None:
+    """The compiled program's temporary buffers in bytes (XLA's buffer assignment: the
+    activations, residuals and gradients it holds beside its arguments and outputs), or None
+    where the backend does not say."""
+    analysis = compiled.memory_analysis()
+    return None if analysis is None else int(analysis.temp_size_in_bytes)
 
 
 def update_call(args, model, rollout):
@@ -283,6 +292,7 @@ def update_call(args, model, rollout):
         return compiled(state, batch, hyper, rest)
     run.hlo_text = compiled.as_text()
     run.labels = op_labels(run.hlo_text)
+    run.temp_bytes = temp_bytes(compiled)
     return run
 
 

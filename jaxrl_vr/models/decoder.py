@@ -157,7 +157,28 @@ def _attention_probs(logits: jax.Array, allowed: jax.Array, head_dim: int) -> ja
     """Float32 softmax over the last (key) axis of logits/√Dh, with finfo.min where `allowed`
     (broadcast against logits) is False: every attention form's weights, whatever its layout."""
     logits = jnp.where(allowed, logits * (1.0 / math.sqrt(head_dim)), jnp.finfo(jnp.float32).min)
-    return jax.nn.softmax(logits, axis=-1)
+    return softmax_keeping_output(logits)
+
+
+@jax.custom_vjp
+def softmax_keeping_output(x: jax.Array) -> jax.Array:
+    """`jax.nn.softmax(x, axis=-1)` whose backward pass needs only its output p:
+    dx = p ⊙ (g − Σ g ⊙ p) over the last axis. `jax.nn.softmax` differentiates its
+    exp-and-divide and keeps exp(x − max), the sum and p; in a layer scan each is stacked per
+    layer (docs/performance.md, "perf31"). The attention's p·V dot keeps p anyway."""
+    return jax.nn.softmax(x, axis=-1)
+
+
+def _softmax_fwd(x):
+    p = jax.nn.softmax(x, axis=-1)
+    return p, p
+
+
+def _softmax_bwd(p, g):
+    return (p * (g - jnp.sum(g * p, axis=-1, keepdims=True)),)
+
+
+softmax_keeping_output.defvjp(_softmax_fwd, _softmax_bwd)
 
 
 def attend(q_bthe: jax.Array, k_bske: jax.Array, v_bske: jax.Array, allowed_bts: jax.Array, *,
@@ -204,8 +225,11 @@ def _attend_kv_major(q_bthe: jax.Array, k_bske: jax.Array, v_bske: jax.Array, al
     q_bkme = jnp.transpose(q_bthe.reshape(b, t, kv_heads, g, e), (0, 2, 3, 1, 4)).reshape(b, kv_heads, g * t, e)
     k_bkse = jnp.transpose(k_bske, (0, 2, 1, 3))
     v_bkse = jnp.transpose(v_bske, (0, 2, 1, 3))
-    logits = mixed_einsum("bkme,bkse->bkms", q_bkme, k_bkse, dtype=jnp.float32).reshape(b, kv_heads, g, t, s)
-    probs = _attention_probs(logits, allowed_bts[:, None, None], e).reshape(b, kv_heads, g * t, s)
+    logits = mixed_einsum("bkme,bkse->bkms", q_bkme, k_bkse, dtype=jnp.float32)
+    # The mask laid out as the logits (query group and position merged), so that the softmax
+    # and the p·V dot keep one and the same p for the backward pass, not two shapes of it.
+    allowed_b1ms = jnp.broadcast_to(allowed_bts[:, None, None], (b, 1, g, t, s)).reshape(b, 1, g * t, s)
+    probs = _attention_probs(logits, allowed_b1ms, e)
     out_bkme = mixed_einsum("bkms,bkse->bkme", probs, v_bkse, dtype=jnp.float32)
     out = jnp.transpose(out_bkme.reshape(b, kv_heads, g, t, e), (0, 3, 1, 2, 4)).reshape(b, t, h, e)
     return out.astype(q_bthe.dtype)
@@ -381,12 +405,19 @@ def _block(config: DecoderConfig, p: dict[str, jax.Array], x_btd: jax.Array, cos
         d, heads, e = w.shape
         return mm("btd,df->btf", h, w.reshape(d, heads * e), "xy").reshape(*h.shape[:2], heads, e)
 
-    h_btd = rms_norm(x_btd, p["attn_norm"], eps)
-    q, k, v = project(h_btd, p["wq"]), project(h_btd, p["wk"]), project(h_btd, p["wv"])
+    # What the backward pass keeps (docs/performance.md, "perf31"): each `kept_inputs` piece
+    # keeps only its inputs and recomputes the rest, all elementwise or free: a norm keeps x,
+    # not its statistics and intermediates; the projections keep the weights as the scan
+    # hands them in, not reshaped copies that the scan would stack per layer. No matmul is
+    # recomputed (its output is not needed by the backward pass, so it is dropped there).
+    # `swiglu_down` keeps gate, up and their product, not silu(gate), its sigmoid and more.
+    norm = kept_inputs(lambda x, w: rms_norm(x, w, eps))
+    h_btd = norm(x_btd, p["attn_norm"])
+    q, k, v = kept_inputs(lambda h, *ws: tuple(project(h, w) for w in ws))(h_btd, p["wq"], p["wk"], p["wv"])
     if "bq" in p:
         q, k, v = q + _lead(p["bq"], 4), k + _lead(p["bk"], 4), v + _lead(p["bv"], 4)
     if "q_norm" in p:
-        q, k = rms_norm(q, p["q_norm"], eps), rms_norm(k, p["k_norm"], eps)
+        q, k = norm(q, p["q_norm"]), norm(k, p["k_norm"])
     q, k = apply_rope(q, cos_bte, sin_bte), apply_rope(k, cos_bte, sin_bte)
     keys, values, allowed_bts, aux = kv_fn(k, v)
     attn_bthe = attend_fn(q, keys, values, allowed_bts, compute_dtype=compute)
@@ -394,15 +425,60 @@ def _block(config: DecoderConfig, p: dict[str, jax.Array], x_btd: jax.Array, cos
     # apart, XLA:CPU chose to contract them in (e, h) order and re-transposed wo on every
     # decode step inside the sampler's loop. The q/k/v projections' input gradients had the
     # same problem in the update (a transposed copy of dq and of wq per layer and micro-batch).
-    b, t, h, e = attn_bthe.shape
-    out_btd = mm("btf,fd->btd", attn_bthe.reshape(b, t, h * e), p["wo"].reshape(h * e, -1))
+    out_btd = kept_inputs(lambda a, w: mm("btf,fd->btd", a.reshape(*a.shape[:2], -1), w.reshape(-1, w.shape[-1])))(
+        attn_bthe, p["wo"])
     if "bo" in p:
         out_btd = out_btd + _lead(p["bo"], 3)
     x_btd = x_btd + out_btd
-    h_btd = rms_norm(x_btd, p["mlp_norm"], eps)
+    h_btd = norm(x_btd, p["mlp_norm"])
     gate = mm("btd,df->btf", h_btd, p["w_gate"], "xy")
     up = mm("btd,df->btf", h_btd, p["w_up"], "xy")
-    return x_btd + mm("btf,fd->btd", jax.nn.silu(gate) * up, p["w_down"]), aux
+    down = swiglu_down(gate, up, p["w_down"], compute).astype(x_btd.dtype)
+    return x_btd + down, aux
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def swiglu_down(gate: jax.Array, up: jax.Array, w_down: jax.Array, dtype: Any) -> jax.Array:
+    """The SwiGLU's output projection (silu(gate) ⊙ up) · w_down as `mixed_einsum` runs it,
+    float32 out, whose backward pass keeps gate, up and the product p (and w_down) and
+    recomputes silu(gate) and its derivative from gate.
+
+    JAX's own backward pass keeps silu(gate), its sigmoid and more: six [B, T, F] arrays per
+    layer where this keeps three (with `_block`'s other pieces, the SmolLM2 update's compiled
+    temporaries fell from 1.8 to 1.0 GiB; docs/performance.md, "perf31"). p is kept rather
+    than recomputed: XLA:CPU fuses a recomputed p into the transposed copy that the weight
+    gradient's dot reads, and that fusion ran 9x slower than the plain transpose (6.5
+    instead of 0.7 ms per layer and micro-batch).
+    """
+    return _swiglu_down_fwd(gate, up, w_down, dtype)[0]
+
+
+def _swiglu_down_fwd(gate, up, w_down, dtype):
+    product = jax.nn.silu(gate) * up
+    return mixed_einsum("btf,fd->btd", product, w_down, dtype=dtype, save_inputs="x"), (gate, up, product, w_down)
+
+
+def _swiglu_down_bwd(dtype, residuals, g):
+    gate, up, product, w_down = residuals
+    # The dot's forward output is unused here and dropped by XLA; only its VJP runs.
+    _, dot_vjp = jax.vjp(lambda x, w: mixed_einsum("btf,fd->btd", x, w, dtype=dtype, save_inputs="x"),
+                         product, w_down)
+    d_product, d_w_down = dot_vjp(g)
+    _, product_vjp = jax.vjp(lambda a, b: jax.nn.silu(a) * b, gate, up)
+    d_gate, d_up = product_vjp(d_product)
+    return d_gate, d_up, d_w_down
+
+
+swiglu_down.defvjp(_swiglu_down_fwd, _swiglu_down_bwd)
+
+
+def kept_inputs(fn):
+    """`fn` under `jax.checkpoint`: the backward pass keeps its inputs and recomputes the rest.
+
+    `prevent_cse=False`: `_block` runs inside a layer scan (or, undifferentiated, the decode
+    loop), where XLA cannot merge the recomputation with the forward pass.
+    """
+    return jax.checkpoint(fn, prevent_cse=False)
 
 
 class Decoder(nnx.Module):

@@ -1,7 +1,9 @@
 """Decoder numerics: HF parity (torch reference logits stored in tests/fixtures), RoPE, RMSNorm,
 KV-cache consistency, padding invariance, bf16."""
 
+import contextlib
 import functools
+import io
 import math
 import os
 import re
@@ -17,6 +19,7 @@ from flax import nnx
 
 from jaxrl_vr.models import Decoder, DecoderConfig, from_pretrained, set_compute_dtype
 from jaxrl_vr.models import decoder as decoder_lib
+from jaxrl_vr.ratios import mixed_einsum
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
 FIXTURE_NAMES = ("tiny_llama", "tiny_qwen2", "tiny_qwen3")
@@ -384,3 +387,123 @@ class OneTokenAttentionTest(chex.TestCase):
                           ("float32", "float32", 2, 8): dots, ("float32", "bfloat16", 2, 8): dots,
                           ("bfloat16", "float32", 1, 8): one_token, ("bfloat16", "bfloat16", 1, 8): dots,
                           ("float32", "float32", 1, 520): dots, ("float32", "bfloat16", 1, 520): dots}, counts
+
+
+@contextlib.contextmanager
+def _plain_autodiff():
+    """The decoder's block differentiated by JAX alone: no checkpointed pieces, the SwiGLU and
+    the softmax without their own VJPs."""
+    plain = {"kept_inputs": lambda fn: fn,
+             "swiglu_down": lambda gate, up, w, dtype: mixed_einsum("btf,fd->btd", jax.nn.silu(gate) * up, w,
+                                                                    dtype=dtype),
+             "softmax_keeping_output": lambda x: jax.nn.softmax(x, axis=-1)}
+    saved = {name: getattr(decoder_lib, name) for name in plain}
+    try:
+        for name, fn in plain.items():
+            setattr(decoder_lib, name, fn)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(decoder_lib, name, fn)
+
+
+class BackwardPassResidualsTest(chex.TestCase):
+    """What a block keeps for its backward pass (docs/performance.md, "perf31"): the pieces with
+    their own VJPs give JAX's values and gradients, and the layer scan stacks exactly the
+    residuals listed by hand."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_softmax_keeping_output_hand_computed_and_against_jax(self):
+        # softmax([0, ln 3]) = [1/4, 3/4]; with g = [1, 0]: dx = p ⊙ (g − Σ g p) = [3/16, −3/16].
+        p, vjp = self.variant(lambda x: jax.vjp(decoder_lib.softmax_keeping_output, x))(jnp.array([0.0, math.log(3.0)]))
+        np.testing.assert_allclose(p, [0.25, 0.75], rtol=1e-6)
+        np.testing.assert_allclose(vjp(jnp.array([1.0, 0.0]))[0], [0.1875, -0.1875], rtol=1e-6)
+        low = float(jnp.finfo(jnp.float32).min)
+        x = jnp.array([[1.0, 2.0, -1.0, 0.5], [0.0, low, low, 3.0], [low] * 4])  # masked slots, a masked row
+        g = jax.random.normal(jax.random.key(0), x.shape)
+        loss = lambda fn: lambda x: jnp.sum(fn(x) * g)  # noqa: E731
+        np.testing.assert_allclose(self.variant(decoder_lib.softmax_keeping_output)(x), jax.nn.softmax(x, axis=-1),
+                                   rtol=1e-6)
+        np.testing.assert_allclose(self.variant(jax.grad(loss(decoder_lib.softmax_keeping_output)))(x),
+                                   jax.grad(loss(lambda x: jax.nn.softmax(x, axis=-1)))(x), atol=1e-6)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_swiglu_down_hand_computed(self):
+        # gate [0, 1], up [2, −1], w_down = [[1], [1]]: out = silu(0)·2 + silu(1)·(−1) = −σ(1);
+        # d gate = up · σ(g)(1 + g(1 − σ(g))) = [1, −σ(1)(2 − σ(1))], d up = silu(gate) = [0, σ(1)],
+        # d w_down = silu(gate) ⊙ up = [[0], [−σ(1)]].
+        sig = 1.0 / (1.0 + math.exp(-1.0))
+        gate, up, w = jnp.array([[[0.0, 1.0]]]), jnp.array([[[2.0, -1.0]]]), jnp.ones((2, 1))
+        out, vjp = self.variant(lambda *a: jax.vjp(lambda g, u, w: decoder_lib.swiglu_down(g, u, w, jnp.float32), *a))(
+            gate, up, w)
+        np.testing.assert_allclose(out, [[[-sig]]], rtol=1e-6)
+        d_gate, d_up, d_w = vjp(jnp.ones((1, 1, 1)))
+        np.testing.assert_allclose(d_gate, [[[1.0, -sig * (2.0 - sig)]]], rtol=1e-6)
+        np.testing.assert_allclose(d_up, [[[0.0, sig]]], rtol=1e-6)
+        np.testing.assert_allclose(d_w, [[0.0], [-sig]], rtol=1e-6)
+
+    def test_swiglu_down_matches_autodiff_of_the_formula(self):
+        """Float32 and bf16 compute: the same values and gradients as differentiating
+        mixed_einsum(silu(gate) ⊙ up, w_down) the usual way (the same dots in the same dtype)."""
+        keys = jax.random.split(jax.random.key(1), 4)
+        gate, up = jax.random.normal(keys[0], (2, 3, 6)), jax.random.normal(keys[1], (2, 3, 6))
+        w, g = jax.random.normal(keys[2], (6, 4)), jax.random.normal(keys[3], (2, 3, 4))
+        for dtype in (jnp.float32, jnp.bfloat16):
+            def plain(gate, up, w, dtype=dtype):
+                return mixed_einsum("btf,fd->btd", jax.nn.silu(gate) * up, w, dtype=dtype)
+
+            def kept(gate, up, w, dtype=dtype):
+                return decoder_lib.swiglu_down(gate, up, w, dtype)
+
+            for fn in (kept, jax.jit(kept)):
+                out, vjp = jax.vjp(fn, gate, up, w)
+                want, want_vjp = jax.vjp(plain, gate, up, w)
+                assert out.dtype == jnp.float32
+                np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6, err_msg=str(dtype))
+                for got, expected in zip(vjp(g), want_vjp(g)):
+                    assert got.dtype == jnp.float32
+                    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=str(dtype))
+
+    def test_model_gradients_equal_plain_autodiff(self):
+        """Every switch on (biases, q/k norms, untied): the gradients equal those of the same
+        block differentiated by JAX alone (no checkpointed pieces, no custom VJPs)."""
+        model = randomized(Decoder(full_config(), rngs=nnx.Rngs(0)))
+        tokens, mask = jnp.asarray(TOKENS[:3]), jnp.asarray(MASK[:3])
+
+        def loss(m):
+            return jnp.sum(jnp.where(mask[..., None], m(tokens, mask_bt=mask), 0.0) ** 2)
+
+        grads = nnx.grad(loss)(model)
+        with _plain_autodiff():
+            expected = nnx.grad(loss)(model)
+        chex.assert_trees_all_close(grads, expected, atol=1e-4, rtol=1e-4)  # Sums reassociate (1.5e-5 seen).
+
+    def test_the_layer_scan_stacks_only_the_listed_residuals(self):
+        """Per layer (B = 3 rows, T = 5, D = 32, H = 4 of Dh = 8 on Hkv = 2, F = 48): the block's
+        input x, the normed h, q (kv-major [B, Hkv, G·T, Dh]), k, v, the softmax's p (the one
+        the p·V dot keeps too), the attention output, x after attention and its normed h, gate,
+        up and their SwiGLU product: 12 arrays, stacked along L. Differentiated by JAX alone the
+        block stacks 32: besides these, the norms' statistics, intermediates and [1, 1, D] copies
+        of their weights, reshaped copies of wq, wk, wv and wo, the softmax's sums and a second
+        [.., S] array beside p, silu(gate), its sigmoid and more."""
+        from jax.ad_checkpoint import print_saved_residuals
+
+        config = DecoderConfig.tiny(vocab_size=64, hidden_size=32, intermediate_size=48, head_dim=8)
+        graphdef, params = nnx.split(Decoder(config, rngs=nnx.Rngs(0)))
+        tokens = jnp.ones((3, 5), jnp.int32)
+
+        def stacked_residuals():
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                print_saved_residuals(lambda p: nnx.merge(graphdef, p).hidden_states(tokens), params)
+            layers = config.num_layers
+            shapes = [line.split()[0] for line in out.getvalue().splitlines() if "output of scan" in line]
+            return sorted(s for s in shapes if s.startswith(f"f32[{layers},"))
+
+        expected = sorted(["f32[2,3,5,32]"] * 4 + ["f32[2,3,5,4,8]"]
+                          + ["f32[2,3,2,10,8]", "f32[2,3,2,5,8]", "f32[2,3,2,5,8]", "f32[2,3,2,10,5]"]
+                          + ["f32[2,3,5,48]"] * 3)
+        assert config.num_layers == 2
+        assert stacked_residuals() == expected
+        with _plain_autodiff():
+            assert len(stacked_residuals()) == 32
