@@ -174,9 +174,10 @@ def main(argv=None):
           f"{summary['b_minus_a_s']['high']:+.3f}]: {summary['b_minus_a_s']['verdict']}")
     if args.json:
         with open(args.json, "w") as f:
+            temps = {name: getattr(run, "temp_bytes", None) for name, run in runs.items()}
             json.dump({"variants": args.variants, "what": args.what, "precision": args.precision,
                        "load_1m": os.getloadavg()[0], "generated_tokens": generated or None,
-                       "temp_bytes": {name: getattr(run, "temp_bytes", None) for name, run in runs.items()}, **summary}, f, indent=2)
+                       "temp_bytes": temps, **summary}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -68,3 +68,23 @@ def test_the_profiled_update_is_rl_steps(chunk, shared):
     args = ["--model-dir", "m", "--prompts-file", "p"] + ([] if shared else ["--no-shared-prefix"])
     parsed = profile_step.parse_args(args + ["--chunk", str(chunk)])
     assert (parsed.chunk, parsed.no_shared_prefix) == (chunk, not shared)
+
+
+def test_temp_bytes_counts_the_programs_temporaries():
+    """What ab_step.py prints per variant: XLA's temporaries grow with what a program holds
+    between its ops (here a [256, 256] float32 intermediate that two outputs read)."""
+    import jax
+    import jax.numpy as jnp
+
+    def small(x):
+        return jnp.sum(x * 2.0)
+
+    def large(x):
+        y = jnp.outer(x, x)  # [256, 256] float32: 256 KiB, read by both reductions.
+        return jnp.sum(y, axis=0) @ jnp.sum(jnp.sin(y), axis=1)
+
+    x = jnp.ones((256,), jnp.float32)
+    small_bytes = profile_step.temp_bytes(jax.jit(small).lower(x).compile())
+    large_bytes = profile_step.temp_bytes(jax.jit(large).lower(x).compile())
+    assert isinstance(small_bytes, int) and small_bytes >= 0
+    assert large_bytes > small_bytes
