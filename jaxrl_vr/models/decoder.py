@@ -395,10 +395,11 @@ def _block(config: DecoderConfig, p: dict[str, jax.Array], x_btd: jax.Array, cos
     compute = jnp.dtype(config.matmul_dtype)
 
     def mm(spec, x, w, save="y"):  # Compute-dtype operands, f32 accumulation, residual dtype out.
-        # The backward pass keeps the float32 weight slice (the scan forwards it; a bf16 copy
-        # would be stacked per layer) and, for the normed input shared by q/k/v and by
-        # gate/up ("xy"), one float32 array instead of one bf16 copy per matmul: bf16 compute
-        # then needs about the activation memory of float32 (SmolLM2 update: -0.6 GB).
+        # Where the backward pass keeps mm's own residuals (gate and up; the other matmuls run
+        # in `kept_inputs` pieces or `swiglu_down`, which keep their inputs): the float32 weight
+        # slice (the scan forwards it; a bf16 copy would be stacked per layer) and, for the
+        # normed input both read ("xy"), one float32 array instead of one bf16 copy per matmul:
+        # bf16 compute then needs about the activation memory of float32.
         return mixed_einsum(spec, x, w, dtype=compute, save_inputs=save).astype(x_btd.dtype)
 
     def project(h, w):  # [D, heads, Dh] weight with its head axes merged (free reshapes), as wo below
@@ -455,14 +456,13 @@ def swiglu_down(gate: jax.Array, up: jax.Array, w_down: jax.Array, dtype: Any) -
 
 def _swiglu_down_fwd(gate, up, w_down, dtype):
     product = jax.nn.silu(gate) * up
-    return mixed_einsum("btf,fd->btd", product, w_down, dtype=dtype, save_inputs="x"), (gate, up, product, w_down)
+    return mixed_einsum("btf,fd->btd", product, w_down, dtype=dtype), (gate, up, product, w_down)
 
 
 def _swiglu_down_bwd(dtype, residuals, g):
     gate, up, product, w_down = residuals
     # The dot's forward output is unused here and dropped by XLA; only its VJP runs.
-    _, dot_vjp = jax.vjp(lambda x, w: mixed_einsum("btf,fd->btd", x, w, dtype=dtype, save_inputs="x"),
-                         product, w_down)
+    _, dot_vjp = jax.vjp(lambda x, w: mixed_einsum("btf,fd->btd", x, w, dtype=dtype), product, w_down)
     d_product, d_w_down = dot_vjp(g)
     _, product_vjp = jax.vjp(lambda a, b: jax.nn.silu(a) * b, gate, up)
     d_gate, d_up = product_vjp(d_product)
@@ -475,8 +475,9 @@ swiglu_down.defvjp(_swiglu_down_fwd, _swiglu_down_bwd)
 def kept_inputs(fn):
     """`fn` under `jax.checkpoint`: the backward pass keeps its inputs and recomputes the rest.
 
-    `prevent_cse=False`: `_block` runs inside a layer scan (or, undifferentiated, the decode
-    loop), where XLA cannot merge the recomputation with the forward pass.
+    For pieces of `_block` and, with `Decoder(remat=True)`, whole layer-scan bodies.
+    `prevent_cse=False`: both run inside a layer scan (or, undifferentiated, the decode loop),
+    where XLA cannot merge the recomputation with the forward pass.
     """
     return jax.checkpoint(fn, prevent_cse=False)
 
@@ -560,7 +561,7 @@ class Decoder(nnx.Module):
             return _block(self.config, p, x_btd, cos, sin, kv_fn)
 
         if self.remat:
-            body = jax.checkpoint(body, prevent_cse=False)
+            body = kept_inputs(body)
         cos, sin = rope_cos_sin(positions_bt, rope_inv_freq(self.config))
         x_btd, _ = jax.lax.scan(body, self._embed(tokens_bt), xs)
         hidden_btd = rms_norm(x_btd, self.final_norm[...], self.config.rms_norm_eps)
@@ -578,7 +579,7 @@ class Decoder(nnx.Module):
             return _block(self.config, p, x_bsd, cos, sin, lambda k, v: (k, v, allowed_bss, (k, v)))
 
         if self.remat:
-            body = jax.checkpoint(body, prevent_cse=False)
+            body = kept_inputs(body)
         cos, sin = rope_cos_sin(positions_bs, rope_inv_freq(self.config))
         _, (keys_lbske, values_lbske) = jax.lax.scan(body, self._embed(tokens_bs), self.layers.stacked())
         return PrefixKV(keys_lbske, values_lbske)

@@ -389,13 +389,16 @@ class OneTokenAttentionTest(chex.TestCase):
                           ("float32", "float32", 1, 520): dots, ("float32", "bfloat16", 1, 520): dots}, counts
 
 
+def _plain_swiglu_down(gate, up, w_down, dtype):
+    """`swiglu_down`'s formula, differentiated by JAX."""
+    return mixed_einsum("btf,fd->btd", jax.nn.silu(gate) * up, w_down, dtype=dtype)
+
+
 @contextlib.contextmanager
 def _plain_autodiff():
     """The decoder's block differentiated by JAX alone: no checkpointed pieces, the SwiGLU and
     the softmax without their own VJPs."""
-    plain = {"kept_inputs": lambda fn: fn,
-             "swiglu_down": lambda gate, up, w, dtype: mixed_einsum("btf,fd->btd", jax.nn.silu(gate) * up, w,
-                                                                    dtype=dtype),
+    plain = {"kept_inputs": lambda fn: fn, "swiglu_down": _plain_swiglu_down,
              "softmax_keeping_output": lambda x: jax.nn.softmax(x, axis=-1)}
     saved = {name: getattr(decoder_lib, name) for name in plain}
     try:
@@ -449,15 +452,12 @@ class BackwardPassResidualsTest(chex.TestCase):
         gate, up = jax.random.normal(keys[0], (2, 3, 6)), jax.random.normal(keys[1], (2, 3, 6))
         w, g = jax.random.normal(keys[2], (6, 4)), jax.random.normal(keys[3], (2, 3, 4))
         for dtype in (jnp.float32, jnp.bfloat16):
-            def plain(gate, up, w, dtype=dtype):
-                return mixed_einsum("btf,fd->btd", jax.nn.silu(gate) * up, w, dtype=dtype)
-
             def kept(gate, up, w, dtype=dtype):
                 return decoder_lib.swiglu_down(gate, up, w, dtype)
 
             for fn in (kept, jax.jit(kept)):
                 out, vjp = jax.vjp(fn, gate, up, w)
-                want, want_vjp = jax.vjp(plain, gate, up, w)
+                want, want_vjp = jax.vjp(functools.partial(_plain_swiglu_down, dtype=dtype), gate, up, w)
                 assert out.dtype == jnp.float32
                 np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6, err_msg=str(dtype))
                 for got, expected in zip(vjp(g), want_vjp(g)):
