@@ -207,7 +207,9 @@ def _attend_grouped(q_bthe: jax.Array, k_bske: jax.Array, v_bske: jax.Array, all
     q_btkge = q_bthe.reshape(b, t, kv_heads, h // kv_heads, e)
     logits = mixed_einsum("btkge,bske->bkgts", q_btkge, k_bske, dtype=dtype)
     probs = _attention_probs(logits, allowed_bts[:, None, None], e)
-    out = mixed_einsum("bkgts,bske->btkge", probs, v_bske, dtype=dtype)
+    # The p·V dot keeps the float32 p that the softmax keeps anyway, not a bf16 copy of its own
+    # (28 MiB fewer compiled temporaries in the bf16 SmolLM2 update; docs/performance.md "perf32").
+    out = mixed_einsum("bkgts,bske->btkge", probs, v_bske, dtype=dtype, save_inputs="x")
     return out.reshape(b, t, h, e).astype(q_bthe.dtype)
 
 

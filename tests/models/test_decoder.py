@@ -507,3 +507,21 @@ class BackwardPassResidualsTest(chex.TestCase):
         assert stacked_residuals() == expected
         with _plain_autodiff():
             assert len(stacked_residuals()) == 32
+
+    def test_bf16_layer_scan_keeps_one_p(self):
+        """Under bf16 compute the same 12 arrays, with q, k and v as the bf16 copies the q·K and
+        p·V dots keep (u16 bits, [B, T, Hkv(, G), Dh]) and p once, in float32 ([B, Hkv, G, T, S]):
+        the p·V dot keeps the softmax's p, not a bf16 copy of it beside (perf32)."""
+        from jax.ad_checkpoint import print_saved_residuals
+
+        config = DecoderConfig.tiny(vocab_size=64, hidden_size=32, intermediate_size=48, head_dim=8)
+        graphdef, params = nnx.split(set_compute_dtype(Decoder(config, rngs=nnx.Rngs(0)), "bfloat16"))
+        tokens = jnp.ones((3, 5), jnp.int32)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            print_saved_residuals(lambda p: nnx.merge(graphdef, p).hidden_states(tokens), params)
+        stacked = sorted(line.split()[0] for line in out.getvalue().splitlines()
+                         if "output of scan" in line and line.split()[0][3:].startswith("[2,"))
+        expected = sorted(["f32[2,3,5,32]"] * 4 + ["f32[2,3,5,4,8]", "f32[2,3,2,2,5,5]"] + ["f32[2,3,5,48]"] * 3
+                          + ["u16[2,3,5,2,2,8]", "u16[2,3,5,2,8]", "u16[2,3,5,2,8]"])
+        assert stacked == expected
