@@ -410,6 +410,25 @@ def _plain_autodiff():
             setattr(decoder_lib, name, fn)
 
 
+# Two layers, D = 32, H = 4 heads of Dh = 8 on Hkv = 2, F = 48: small enough to list by hand.
+_RESIDUALS_CONFIG = DecoderConfig.tiny(vocab_size=64, hidden_size=32, intermediate_size=48, head_dim=8)
+
+
+def _stacked_scan_residuals(model) -> list[str]:
+    """The dtype[shape] of every residual the layer scan stacks (leading axis L) for the backward
+    pass of `hidden_states` on B = 3 rows of T = 5 tokens, sorted (`print_saved_residuals`)."""
+    from jax.ad_checkpoint import print_saved_residuals
+
+    graphdef, params = nnx.split(model)
+    tokens = jnp.ones((3, 5), jnp.int32)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        print_saved_residuals(lambda p: nnx.merge(graphdef, p).hidden_states(tokens), params)
+    assert model.config.num_layers == 2
+    shapes = [line.split()[0] for line in out.getvalue().splitlines() if "output of scan" in line]
+    return sorted(s for s in shapes if s.split("[", 1)[1].startswith("2,"))
+
+
 class BackwardPassResidualsTest(chex.TestCase):
     """What a block keeps for its backward pass (docs/performance.md, "perf31"): the pieces with
     their own VJPs give JAX's values and gradients, and the layer scan stacks exactly the
@@ -486,42 +505,20 @@ class BackwardPassResidualsTest(chex.TestCase):
         block stacks 32: besides these, the norms' statistics, intermediates and [1, 1, D] copies
         of their weights, reshaped copies of wq, wk, wv and wo, the softmax's sums and a second
         [.., S] array beside p, silu(gate), its sigmoid and more."""
-        from jax.ad_checkpoint import print_saved_residuals
-
-        config = DecoderConfig.tiny(vocab_size=64, hidden_size=32, intermediate_size=48, head_dim=8)
-        graphdef, params = nnx.split(Decoder(config, rngs=nnx.Rngs(0)))
-        tokens = jnp.ones((3, 5), jnp.int32)
-
-        def stacked_residuals():
-            out = io.StringIO()
-            with contextlib.redirect_stdout(out):
-                print_saved_residuals(lambda p: nnx.merge(graphdef, p).hidden_states(tokens), params)
-            layers = config.num_layers
-            shapes = [line.split()[0] for line in out.getvalue().splitlines() if "output of scan" in line]
-            return sorted(s for s in shapes if s.startswith(f"f32[{layers},"))
-
+        model = Decoder(_RESIDUALS_CONFIG, rngs=nnx.Rngs(0))
         expected = sorted(["f32[2,3,5,32]"] * 4 + ["f32[2,3,5,4,8]"]
                           + ["f32[2,3,2,10,8]", "f32[2,3,2,5,8]", "f32[2,3,2,5,8]", "f32[2,3,2,10,5]"]
                           + ["f32[2,3,5,48]"] * 3)
-        assert config.num_layers == 2
-        assert stacked_residuals() == expected
+        assert _stacked_scan_residuals(model) == expected
         with _plain_autodiff():
-            assert len(stacked_residuals()) == 32
+            assert len(_stacked_scan_residuals(model)) == 32
 
     def test_bf16_layer_scan_keeps_one_p(self):
         """Under bf16 compute the same 12 arrays, with q, k and v as the bf16 copies the q·K and
         p·V dots keep (u16 bits, [B, T, Hkv(, G), Dh]) and p once, in float32 ([B, Hkv, G, T, S]):
         the p·V dot keeps the softmax's p, not a bf16 copy of it beside (perf32)."""
-        from jax.ad_checkpoint import print_saved_residuals
-
-        config = DecoderConfig.tiny(vocab_size=64, hidden_size=32, intermediate_size=48, head_dim=8)
-        graphdef, params = nnx.split(set_compute_dtype(Decoder(config, rngs=nnx.Rngs(0)), "bfloat16"))
-        tokens = jnp.ones((3, 5), jnp.int32)
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            print_saved_residuals(lambda p: nnx.merge(graphdef, p).hidden_states(tokens), params)
-        stacked = sorted(line.split()[0] for line in out.getvalue().splitlines()
-                         if "output of scan" in line and line.split()[0][3:].startswith("[2,"))
+        model = set_compute_dtype(Decoder(_RESIDUALS_CONFIG, rngs=nnx.Rngs(0)), "bfloat16")
         expected = sorted(["f32[2,3,5,32]"] * 4 + ["f32[2,3,5,4,8]", "f32[2,3,2,2,5,5]"] + ["f32[2,3,5,48]"] * 3
                           + ["u16[2,3,5,2,2,8]", "u16[2,3,5,2,8]", "u16[2,3,5,2,8]"])
-        assert stacked == expected
+        assert _stacked_scan_residuals(model) == expected
+
