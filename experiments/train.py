@@ -22,6 +22,7 @@ from typing import NoReturn
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from jaxrl_vr.compilation_cache import enable_compilation_cache, resolve_cache_dir
 from jaxrl_vr.host_memory import HostMemoryPolicy, keep_host_memory, memory_optimized_cpu_schedule
 from jaxrl_vr.train.loop import RunInterrupted, VerifierFailure
 from jaxrl_vr.train.pipeline import PipelineConfig, WorkdirError, run_pipeline
@@ -204,6 +205,14 @@ def apply_host_memory(cfg: PipelineConfig) -> HostMemoryPolicy | None:
     return policy
 
 
+def apply_compilation_cache(cfg: PipelineConfig) -> str | None:
+    """``run.compilation_cache``: JAX's persistent compilation cache in that directory ("auto":
+    one per machine kind under ~/.cache/jaxrl_vr/xla; "" off). Must precede any compilation;
+    returns the directory (None when off)."""
+    path = resolve_cache_dir(cfg.run.compilation_cache)
+    return None if path is None else enable_compilation_cache(path)
+
+
 def main(argv):
     if len(argv) > 1:
         fail(f"unexpected arguments: {argv[1:]}; options are --config=... --workdir=... --config.<key>=...")
@@ -217,6 +226,10 @@ def main(argv):
     if problem:
         fail(problem)
     apply_host_memory(cfg)
+    try:
+        apply_compilation_cache(cfg)
+    except ValueError as err:
+        fail(str(err))
     try:
         run_pipeline(cfg, _WORKDIR.value, reevaluate=_REEVALUATE.value)
     except WorkdirError as err:

@@ -9,6 +9,13 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip()
 
+# Training CLIs run by tests keep their compiled programs out of the user's cache
+# (run.compilation_cache = "auto" resolves under this directory).
+if "JAXRL_VR_CACHE_HOME" not in os.environ:
+    import tempfile
+
+    os.environ["JAXRL_VR_CACHE_HOME"] = tempfile.mkdtemp(prefix="jaxrl_vr_test_cache_")
+
 import jax  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")

@@ -166,6 +166,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     c.run.export = True  # save_pretrained the final policy into workdir/export
     c.run.keep_host_memory = True  # reuse XLA's freed host memory (docs/performance.md, "perf17")
     c.run.cpu_memory_schedule = True  # XLA:CPU orders programs for memory (docs/performance.md, "perf24")
+    c.run.compilation_cache = "auto"  # compiled programs on disk for the next run ("" = off; "perf33")
 
     if variant == "smoke":  # seconds of work, and still at least one step with a gradient
         c.task.levels = (0,)  # single-digit sums: the 5-step-cheap base solves some of them
