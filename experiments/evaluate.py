@@ -24,6 +24,7 @@ import jax
 from absl import app, flags, logging
 
 from jaxrl_vr import eval as eval_lib
+from jaxrl_vr.compilation_cache import enable_compilation_cache, resolve_cache_dir
 from jaxrl_vr.train import run_io
 from jaxrl_vr.train.evaluate import PolicyEval, eval_layout, evaluate_policy
 
@@ -215,6 +216,20 @@ def evaluate_run(
     return evaluation
 
 
+def apply_run_compilation_cache(workdir: str) -> str | None:
+    """The run's own ``run.compilation_cache`` (experiments.train's default, "auto", for runs
+    written before it existed): an evaluation continued with ``--max_chunks`` reruns load the
+    sampler instead of compiling it each time. Returns the directory (None when off or when the
+    workdir holds no run, which `evaluate_run` then reports)."""
+    path = os.path.join(workdir, "config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        setting = json.load(f).get("run", {}).get("compilation_cache", "auto")
+    cache_dir = resolve_cache_dir(setting)
+    return None if cache_dir is None else enable_compilation_cache(cache_dir)
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -222,6 +237,7 @@ def main(argv):
         raise app.UsageError("--workdir is required, e.g. --workdir=runs/default")
     logging.set_verbosity(logging.WARNING)
     try:
+        apply_run_compilation_cache(flags.FLAGS.workdir)
         evaluate_run(
             flags.FLAGS.workdir,
             flags.FLAGS.checkpoint,

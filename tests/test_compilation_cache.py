@@ -1,5 +1,6 @@
 """jaxrl_vr.compilation_cache: one cache directory per machine kind; the train CLI's switch."""
 
+import json
 import os
 import subprocess
 import sys
@@ -102,3 +103,20 @@ def test_a_truncated_entry_costs_a_compilation_not_the_run(tmp_path):
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout.split() == [first.stdout.split()[0], "0"]
     assert "Error reading persistent compilation cache entry" in again.stderr
+
+
+def test_evaluate_follows_the_runs_own_setting(monkeypatch, tmp_path):
+    from experiments import evaluate as evaluate_cli
+
+    calls = []
+    monkeypatch.setattr(evaluate_cli, "enable_compilation_cache", lambda path: calls.append(path) or path)
+    assert evaluate_cli.apply_run_compilation_cache(str(tmp_path / "no_run")) is None
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"run": {"compilation_cache": ""}}))
+    assert evaluate_cli.apply_run_compilation_cache(str(tmp_path)) is None
+    config.write_text(json.dumps({"run": {"compilation_cache": str(tmp_path / "c")}}))
+    assert evaluate_cli.apply_run_compilation_cache(str(tmp_path)) == str(tmp_path / "c")
+    config.write_text(json.dumps({"seed": 0, "run": {"progress": True}}))  # a run from before the switch
+    monkeypatch.setenv(compilation_cache.CACHE_HOME_ENV, str(tmp_path / "home"))
+    assert evaluate_cli.apply_run_compilation_cache(str(tmp_path)) == compilation_cache.default_cache_dir()
+    assert calls == [str(tmp_path / "c"), compilation_cache.default_cache_dir()]
