@@ -60,8 +60,7 @@ def cpu_flags() -> dict:
     if not text:
         return {}
     flags = set(re.findall(r"\b(avx2|avx512f|avx512_bf16|amx_bf16|amx_tile)\b", text))
-    model = re.search(r"model name\s*:\s*(.*)", text)
-    return {"flags": sorted(flags), "model": model.group(1) if model else "", "cores": os.cpu_count(),
+    return {"flags": sorted(flags), "model": host_cpu.cpuinfo_field(text, "model name") or "", "cores": os.cpu_count(),
             "bf16_dot_units": host_cpu.bf16_dot_units(text)}
 
 

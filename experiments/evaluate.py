@@ -24,7 +24,7 @@ import jax
 from absl import app, flags, logging
 
 from jaxrl_vr import eval as eval_lib
-from jaxrl_vr.compilation_cache import enable_compilation_cache, resolve_cache_dir
+from jaxrl_vr import compilation_cache
 from jaxrl_vr.train import run_io
 from jaxrl_vr.train.evaluate import PolicyEval, eval_layout, evaluate_policy
 
@@ -221,13 +221,11 @@ def apply_run_compilation_cache(workdir: str) -> str | None:
     written before it existed): an evaluation continued with ``--max_chunks`` reruns load the
     sampler instead of compiling it each time. Returns the directory (None when off or when the
     workdir holds no run, which `evaluate_run` then reports)."""
-    path = os.path.join(workdir, "config.json")
-    if not os.path.isfile(path):
+    try:
+        cfg = run_io.read_config(workdir)
+    except run_io.RunNotFoundError:
         return None
-    with open(path) as f:
-        setting = json.load(f).get("run", {}).get("compilation_cache", "auto")
-    cache_dir = resolve_cache_dir(setting)
-    return None if cache_dir is None else enable_compilation_cache(cache_dir)
+    return compilation_cache.apply_setting(cfg.run.compilation_cache)
 
 
 def main(argv):

@@ -22,7 +22,7 @@ from typing import NoReturn
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxrl_vr.compilation_cache import enable_compilation_cache, resolve_cache_dir
+from jaxrl_vr import compilation_cache
 from jaxrl_vr.host_memory import HostMemoryPolicy, keep_host_memory, memory_optimized_cpu_schedule
 from jaxrl_vr.train.loop import RunInterrupted, VerifierFailure
 from jaxrl_vr.train.pipeline import PipelineConfig, WorkdirError, run_pipeline
@@ -209,8 +209,7 @@ def apply_compilation_cache(cfg: PipelineConfig) -> str | None:
     """``run.compilation_cache``: JAX's persistent compilation cache in that directory ("auto":
     one per machine kind under ~/.cache/jaxrl_vr/xla; "" off). Must precede any compilation;
     returns the directory (None when off)."""
-    path = resolve_cache_dir(cfg.run.compilation_cache)
-    return None if path is None else enable_compilation_cache(path)
+    return compilation_cache.apply_setting(cfg.run.compilation_cache)
 
 
 def main(argv):

@@ -5,7 +5,7 @@ next process that builds the same program for the same backend under the same ja
 flags (JAX's persistent compilation cache). On a Zen 5 EPYC the SmolLM2-135M peer step's first
 call took 44 s against 16 s warm; a second process with the cache filled took 29 s
 (`benchmarks/rl_step.py`, docs/performance.md "perf33"): the rest of the first step is tracing,
-the few programs under the cache's minimum compile time, and faulting the heap in.
+loading the programs, and their first execution (for the update, faulting its heap in).
 
 XLA:CPU compiles for the host's instruction set, and JAX's cache key names the backend but not
 the CPU model, so one cache shared between machines (a network home directory) could hand a
@@ -20,7 +20,6 @@ import hashlib
 import importlib.util
 import os
 import platform
-import re
 
 from jaxrl_vr import host_cpu
 
@@ -37,10 +36,8 @@ def machine_key(cpuinfo: str | None = None) -> str:
     of /proc/cpuinfo's model name and instruction-set flags (sorted; the first CPU's). Two
     machines share it only where both would run each other's compiled programs."""
     text = host_cpu.read_cpuinfo() if cpuinfo is None else cpuinfo
-    model = re.search(r"^model name\s*:(.*)$", text, re.MULTILINE)
-    flags = re.search(r"^(?:flags|Features)\s*:(.*)$", text, re.MULTILINE)
-    described = " ".join([model.group(1).strip() if model else "",
-                          " ".join(sorted(flags.group(1).split())) if flags else ""])
+    flags = host_cpu.cpuinfo_field(text, "flags") or host_cpu.cpuinfo_field(text, "Features") or ""
+    described = " ".join([host_cpu.cpuinfo_field(text, "model name") or "", " ".join(sorted(flags.split()))])
     digest = hashlib.sha256(described.encode()).hexdigest()[:12]
     return f"{platform.machine() or 'unknown'}-{digest}"
 
@@ -62,6 +59,13 @@ def resolve_cache_dir(setting: str) -> str | None:
     if setting == "":
         return None
     return default_cache_dir() if setting == "auto" else os.path.abspath(os.path.expanduser(setting))
+
+
+def apply_setting(setting: str) -> str | None:
+    """`run.compilation_cache` as the CLIs apply it: `resolve_cache_dir`, then
+    `enable_compilation_cache` unless off. Returns the directory (None when off)."""
+    path = resolve_cache_dir(setting)
+    return None if path is None else enable_compilation_cache(path)
 
 
 def enable_compilation_cache(path: str, *, max_bytes: int = DEFAULT_MAX_BYTES,

@@ -29,19 +29,26 @@ def read_cpuinfo(path: str = "/proc/cpuinfo") -> str:
         return ""
 
 
+def cpuinfo_field(cpuinfo: str, name: str) -> str | None:
+    """The value of the first ``name : value`` line of /proc/cpuinfo text (the first CPU's),
+    stripped; None where there is no such line."""
+    match = re.search(rf"^{re.escape(name)}\s*:(.*)$", cpuinfo, re.MULTILINE)
+    return match.group(1).strip() if match else None
+
+
 def bf16_dot_units(cpuinfo: str) -> bool | None:
     """Whether the CPU described by `cpuinfo` (/proc/cpuinfo text) has bf16 dot instructions.
 
     Returns True or False when the text names x86 ``flags`` or Arm ``Features``, None when it
     says neither (unknown: no advice is better than wrong advice).
     """
-    x86 = re.search(r"^flags\s*:(.*)$", cpuinfo, re.MULTILINE)
-    if x86:
-        flags = set(x86.group(1).split())
+    x86 = cpuinfo_field(cpuinfo, "flags")
+    if x86 is not None:
+        flags = set(x86.split())
         return any(flag in flags for flag in X86_BF16_FLAGS)
-    arm = re.search(r"^Features\s*:(.*)$", cpuinfo, re.MULTILINE)
-    if arm:
-        return ARM_BF16_FEATURE in arm.group(1).split()
+    arm = cpuinfo_field(cpuinfo, "Features")
+    if arm is not None:
+        return ARM_BF16_FEATURE in arm.split()
     return None
 
 

@@ -83,7 +83,7 @@ def test_a_second_process_loads_the_program_the_first_compiled(tmp_path):
 @pytest.mark.parametrize("setting", ["", "DIR"])
 def test_the_train_cli_follows_run_compilation_cache(monkeypatch, tmp_path, setting):
     calls = []
-    monkeypatch.setattr(train_cli, "enable_compilation_cache", lambda path: calls.append(path) or path)
+    monkeypatch.setattr(compilation_cache, "enable_compilation_cache", lambda path: calls.append(path) or path)
     setting = setting.replace("DIR", str(tmp_path / "c"))
     assert train_cli.apply_compilation_cache(PipelineConfig(run=RunConfig(compilation_cache=setting))) == (setting or None)
     assert calls == ([setting] if setting else [])
@@ -109,7 +109,7 @@ def test_evaluate_follows_the_runs_own_setting(monkeypatch, tmp_path):
     from experiments import evaluate as evaluate_cli
 
     calls = []
-    monkeypatch.setattr(evaluate_cli, "enable_compilation_cache", lambda path: calls.append(path) or path)
+    monkeypatch.setattr(compilation_cache, "enable_compilation_cache", lambda path: calls.append(path) or path)
     assert evaluate_cli.apply_run_compilation_cache(str(tmp_path / "no_run")) is None
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"run": {"compilation_cache": ""}}))

@@ -52,6 +52,13 @@ def test_advice_only_for_bf16_on_a_cpu_backend_without_units():
         assert host_cpu.mixed_precision_advice(compute_dtype, backend="cpu", cpuinfo=EPYC_AVX2) is None
 
 
+def test_cpuinfo_field_reads_the_first_cpus_line():
+    text = "processor\t: 0\nmodel name\t: AMD EPYC 9B45\nflags\t\t: fpu avx2\n\nprocessor\t: 1\nmodel name\t: other\n"
+    assert host_cpu.cpuinfo_field(text, "model name") == "AMD EPYC 9B45"
+    assert host_cpu.cpuinfo_field(text, "flags") == "fpu avx2"
+    assert host_cpu.cpuinfo_field(text, "Features") is None and host_cpu.cpuinfo_field("", "flags") is None
+
+
 def test_read_cpuinfo_of_a_missing_file_is_empty(tmp_path):
     assert host_cpu.read_cpuinfo(str(tmp_path / "no-such-file")) == ""
 

@@ -110,6 +110,18 @@ def _workdir(workdir: str | os.PathLike) -> str:
     return workdir
 
 
+def read_config(workdir: str | os.PathLike):
+    """The `PipelineConfig` a run was written with (its config.json).
+
+    Raises:
+      RunNotFoundError: no such run.
+    """
+    from jaxrl_vr.train.config import PipelineConfig
+
+    with open(os.path.join(_workdir(workdir), "config.json")) as f:
+        return PipelineConfig.from_dict(json.load(f))
+
+
 def _complete_steps(directory: str) -> list[int]:
     """Complete orbax step directories (a committed step has no tmp suffix)."""
     if not os.path.isdir(directory):
@@ -152,14 +164,12 @@ def load_run(workdir: str | os.PathLike, checkpoint: str | int = "final") -> Loa
       CheckpointNotFoundError: no such checkpoint (the message lists those available).
     """
     from jaxrl_vr.train import sources
-    from jaxrl_vr.train.config import PipelineConfig
     from jaxrl_vr.train.loop import initial_loop_state
     from jaxrl_vr.train.step import split_model
 
     workdir = _workdir(workdir)
     which = _parse_checkpoint(checkpoint)
-    with open(os.path.join(workdir, "config.json")) as f:
-        cfg = PipelineConfig.from_dict(json.load(f))
+    cfg = read_config(workdir)
     ckpt_dir = os.path.join(workdir, "checkpoints")
     steps = _complete_steps(ckpt_dir)
     budget_dir = os.path.join(workdir, BUDGET_CHECKPOINTS)
