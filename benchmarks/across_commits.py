@@ -38,6 +38,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, REPO)
 
 from ab_step import summarize  # noqa: E402
+from jaxrl_vr import atomic  # noqa: E402
 from side_by_side import cpu_flags  # noqa: E402
 
 WORKTREE = "worktree"
@@ -126,10 +127,7 @@ def build_results(args, revs: list[dict], runs: list[dict], *, complete: bool) -
 
 
 def write_json(path: str, results: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(results, f, indent=1)
-    os.replace(tmp, path)
+    atomic.write_json(path, results, indent=1, sort_keys=False)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

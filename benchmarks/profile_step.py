@@ -274,15 +274,17 @@ def temp_bytes(compiled) -> int | None:
 
 
 def update_call(args, model, rollout):
-    """The compiled train step on `rollout`, as a thunk with its op labels attached."""
+    """The compiled train step on `rollout`, as a thunk with its op labels attached (the
+    trainer's make_train_step and loss structure, without donation so it can run again)."""
     graphdef, params, rest = split_model(model)
     optim = make_optimizer(OptimConfig(learning_rate=1e-6, weight_decay=0.0, grad_clip_norm=1.0))
     loss_cfg = rl_step.workload_loss_config(args.microbatches, args.chunk, rollout.tokens_bt.shape[1],
                                             1 if args.no_shared_prefix else SAMPLES)
     state = init_train_state(params, optim, loss_cfg)
     train_step = make_train_step(graphdef, rest, optim, loss_cfg)
+    adv_b = jnp.asarray(np.linspace(-1, 1, PROMPTS * SAMPLES, dtype=np.float32))
     batch = RolloutBatch(rollout.prompt_tokens_bs, rollout.prompt_mask_bs, rollout.tokens_bt, rollout.mask_bt,
-                         jnp.asarray(np.linspace(-1, 1, PROMPTS * SAMPLES, dtype=np.float32)),
+                         rollout.mask_bt, jnp.broadcast_to(adv_b[:, None], rollout.mask_bt.shape),
                          rollout.logp_bt, rollout.logp_bt,
                          jnp.zeros((PROMPTS * SAMPLES,), jnp.float32))  # no PBA weight
     hyper = StepHyper.create()

@@ -52,22 +52,25 @@ from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxrl_vr import advantages  # noqa: E402
+from jaxrl_vr.estimators import make_estimator  # noqa: E402
 from jaxrl_vr.host_memory import keep_host_memory, memory_optimized_cpu_schedule  # noqa: E402
 from jaxrl_vr.models import from_pretrained, load_tokenizer, set_compute_dtype  # noqa: E402
-from jaxrl_vr.sampling import generate  # noqa: E402
 from jaxrl_vr.train import (  # noqa: E402
     LossConfig,
     OptimConfig,
-    RolloutBatch,
     StepHyper,
+    build_batch,
     init_train_state,
     make_optimizer,
-    make_train_step,
+    make_update_fns,
+    rollout_batch,
     split_model,
 )
+from jaxrl_vr.train.rollout import RewardShaper, RoundSampler, SamplingConfig, Scores  # noqa: E402
+from jaxrl_vr.trajectory import RolloutStats  # noqa: E402
 
 PRECISIONS = {"fp32": None, "bf16": "bfloat16"}
+OPTIM = OptimConfig(learning_rate=1e-6, weight_decay=0.0, grad_clip_norm=1.0)  # TRL's AdamW step
 
 
 def peak_rss_mb() -> float:
@@ -143,6 +146,17 @@ def reward_digits(texts):
     return [sum(ch.isdigit() for ch in t) / max(1, len(t)) for t in texts]
 
 
+def digit_scorer(tokenizer):
+    """The trainer's scoring signature over ``reward_digits`` of the decoded completions (every
+    token decoded, as TRL's reward function sees them)."""
+
+    def score(prompt_idx_b, tokens_bt, mask_bt, truncated_b):
+        texts = [tokenizer.decode(row) for row in np.asarray(tokens_bt)]
+        return Scores(np.asarray(reward_digits(texts), np.float32), None, RolloutStats())
+
+    return score
+
+
 def encode(tokenizer, texts, max_prompt_tokens: int):
     """Left-padded [P, S] ids and mask, special tokens as the HF tokenizer adds them by default."""
     add_bos = bool(getattr(tokenizer, "add_bos_default", False))
@@ -212,42 +226,44 @@ def main(argv=None) -> dict:
     set_compute_dtype(model, PRECISIONS[args.precision])
     tokenizer = load_tokenizer(args.model_dir)
     graphdef, params, rest = split_model(model)
-    optim = make_optimizer(OptimConfig(learning_rate=1e-6, weight_decay=0.0, grad_clip_norm=1.0))
+    optim = make_optimizer(OPTIM)
     group = 1 if args.no_shared_prefix else args.gens
     loss_cfg = workload_loss_config(args.microbatches, args.chunk, args.max_new_tokens, group)
     chunk = loss_cfg.logprob_chunk_size
     state = init_train_state(params, optim, loss_cfg)
-    train_step = make_train_step(graphdef, rest, optim, loss_cfg, donate=True)
+    # The trainer's own parts: its jitted update (state donated), round sampler, estimator
+    # registry and batch builder (jaxrl_vr.train.parts, rollout, estimators, batch).
+    fns = make_update_fns(graphdef, OPTIM, loss_cfg)
+    estimator = make_estimator("grpo")
+    sampling = SamplingConfig(args.max_new_tokens, temperature=1.0, stop_token_ids=(),
+                              pad_id=tokenizer.pad_id or 0)
     hyper = StepHyper.create()
     key = jax.random.key(0)
     records = []
     for step in range(args.warmup + args.steps):
         texts = all_prompts[step * args.prompts:(step + 1) * args.prompts]
         prompt_ps, prompt_mask_ps = encode(tokenizer, texts, args.max_prompt_tokens)
+        sampler = RoundSampler(prompt_ps, prompt_mask_ps, score=digit_scorer(tokenizer),
+                               shape_rewards=RewardShaper(max_len=args.max_new_tokens), sampling=sampling,
+                               min_prompts=args.prompts)
         key, sample_key = jax.random.split(key)
         t0 = time.perf_counter()
-        rollout = generate(sample_key, nnx.merge(graphdef, state.params, rest), prompt_ps, prompt_mask_ps,
-                           num_samples=args.gens, max_new_tokens=args.max_new_tokens, temperature=1.0,
-                           stop_token_ids=(), pad_id=tokenizer.pad_id or 0)
-        tokens_bt = np.asarray(rollout.tokens_bt)
-        completions = [tokenizer.decode(row) for row in tokens_bt]
-        rewards_pg = np.asarray(reward_digits(completions), np.float32).reshape(args.prompts, args.gens)
-        adv_b = jnp.asarray(advantages.grpo(rewards_pg)).reshape(-1)
+        traj = sampler.sample(nnx.merge(graphdef, state.params, rest), sample_key, np.arange(args.prompts),
+                              args.gens)
+        traj, _ = build_batch(traj, estimator, estimator.init(),
+                              behaviour_logprobs=None,  # detach_behaviour: the step's own forward
+                              reference_logprobs=None)  # β = 0
+        batch = rollout_batch(traj)
         t1 = time.perf_counter()
-        batch = RolloutBatch(rollout.prompt_tokens_bs, rollout.prompt_mask_bs, rollout.tokens_bt,
-                             rollout.mask_bt, adv_b,
-                             rollout.logp_bt,  # unused: detach_behaviour
-                             rollout.logp_bt,  # unused: β = 0
-                             jnp.zeros((tokens_bt.shape[0],), jnp.float32))  # no PBA weight
         faults_before, sys_before = process_counters()
-        state, metrics = train_step(state, batch, hyper)
+        state, metrics = fns.train_step(state, batch, hyper, rest)
         loss = float(metrics["loss"])  # blocks
         t2 = time.perf_counter()
         faults_after, sys_after = process_counters()
         records.append({"step_s": t2 - t0, "rollout_s": t1 - t0, "update_s": t2 - t1, "loss": loss,
                         "update_minor_faults": faults_after - faults_before,
                         "update_kernel_s": sys_after - sys_before,
-                        "gen_tokens": int(np.asarray(rollout.mask_bt).sum()),
+                        "gen_tokens": int(traj.length_b.sum()),
                         "prompt_tokens": int(prompt_ps.shape[1]), "load_1m": load_average(),
                         "phase": "warmup" if step < args.warmup else "timed"})
         print(f"step {step}: " + json.dumps({k: round(v, 3) if isinstance(v, float) else v

@@ -1,14 +1,14 @@
 """Compare training methods over seeds at one token budget: ``python -m experiments.compare``.
 
     python -m experiments.compare --root=runs/cmp --seeds=0,1,2 --token_budget=2000000 \\
-      --arm=grpo --arm="loo=rl.advantage=loo loss.ratio=sequence" --baseline=grpo
+      --arm=grpo --arm="loo=rl.estimator=loo loss.ratio=sequence" --baseline=grpo
 
 Each ``--arm=NAME[=OVERRIDES]`` is a method: space-separated ``key=value`` config overrides
 (dotted keys of the config file, without ``--config.``; ``config=PATH[:variant]`` switches
 the config file). For every arm × seed this runs, one process each and resumably,
 
     python -m experiments.train --config=... --workdir=ROOT/NAME/seedS <overrides>
-        --config.seed=S [--config.rl.token_budget=N]
+        --config.seed=S [--config.rl.budget.tokens=N]
     python -m experiments.evaluate --workdir=ROOT/NAME/seedS --checkpoint=final --num_samples=n
 
 (a run with summary.json is not trained again, an evaluation with the same n is reused),
@@ -17,9 +17,10 @@ over seeds of pass@1 and pass@n, overall and per base regime, lost / newly solve
 tokens generated and trained, wall time; and paired differences (by seed) against the
 baseline arm with a 95 % t-interval ("no difference detected" when it contains 0).
 
-``--common`` overrides apply to every arm. ``--budget_fractions=0.25,0.5`` also keeps and
-evaluates each run's state where it crossed those fractions of the token budget
-(``rl.budget_fractions``) and plots pass@1 / pass@n against the budget spent. Arms of one
+Every arm's config is built and checked before any run starts (a mistyped or moved key
+fails at once, naming the arm). ``--common`` overrides apply to every arm.
+``--budget_fractions=0.25,0.5`` also keeps and evaluates each run's state where it crossed
+those fractions of the token budget (``rl.budget.fractions``) and plots pass@1 / pass@n against the budget spent. Arms of one
 seed whose overrides leave ``task.*``, ``model.*``, ``sft.*`` and ``eval.*`` alone have the
 same SFT base and base evaluations; unless ``--noshare_base``, the first such arm builds
 them and the others start from a copy (the copies' digests are checked on load).
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -37,9 +39,13 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from absl import app, flags
 
+from experiments.config_files import build_config, split_override
 from jaxrl_vr import eval as eval_lib
-from jaxrl_vr import passk
+from jaxrl_vr import layout, passk
+from jaxrl_vr.atomic import write_text
+from jaxrl_vr.eval.plots import read_metrics_jsonl
 from jaxrl_vr.train import run_io
+from jaxrl_vr.train.config import validate
 
 
 def define_flags() -> None:
@@ -50,7 +56,7 @@ def define_flags() -> None:
     flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds (comma-separated).")
     flags.DEFINE_string("baseline", None, "Arm the others are compared with (default: the first).")
     flags.DEFINE_integer(
-        "token_budget", None, "Generated-token budget per run (passed as --config.rl.token_budget)."
+        "token_budget", None, "Generated-token budget per run (passed as --config.rl.budget.tokens)."
     )
     flags.DEFINE_integer("num_samples", 256, "n samples per prompt of each evaluation.")
     flags.DEFINE_string("common", "", "key=value overrides applied to every arm (space-separated).")
@@ -101,6 +107,17 @@ def parse_contrast(text: str) -> tuple[str, str]:
     return parts[0], parts[1]
 
 
+def check_arm(arm: Arm, seed: int, token_budget: int | None, budget_fractions: Sequence[float] = ()) -> None:
+    """Builds and validates the config of ``arm`` as its train command will (raises ValueError
+    naming the arm and the key), so a bad override fails before any arm has trained."""
+    cmd = train_command(arm, seed, "", token_budget, budget_fractions)
+    overrides = [split_override(arg) for arg in cmd if arg.startswith("--config.")]
+    try:
+        validate(build_config(arm.config, overrides))
+    except ValueError as err:
+        raise ValueError(f"--arm={arm.name}: {err}") from None
+
+
 def run_dir(root: str, arm: str, seed: int) -> str:
     return os.path.join(os.path.abspath(root), arm, f"seed{seed}")
 
@@ -120,9 +137,9 @@ def train_command(arm: Arm, seed: int, workdir: str, token_budget: int | None,
     cmd = [sys.executable, "-m", "experiments.train", f"--config={arm.config}", f"--workdir={workdir}"]
     cmd += [f"--config.{o}" for o in arm.overrides] + [f"--config.seed={seed}"]
     if token_budget is not None:
-        cmd.append(f"--config.rl.token_budget={int(token_budget)}")
+        cmd.append(f"--config.rl.budget.tokens={int(token_budget)}")
     if budget_fractions:
-        cmd.append(f"--config.rl.budget_fractions={_fractions_text(budget_fractions)}")
+        cmd.append(f"--config.rl.budget.fractions={_fractions_text(budget_fractions)}")
     return cmd
 
 
@@ -132,7 +149,7 @@ def evaluate_command(workdir: str, num_samples: int, checkpoint: str = "final") 
 
 
 def _evaluation_path(workdir: str, label: str = "final") -> str:
-    return os.path.join(workdir, "eval", label, "evaluation.json")
+    return os.path.join(workdir, layout.EVAL, label, layout.EVALUATION)
 
 
 def _load_evaluation(workdir: str, num_samples: int, label: str = "final") -> dict | None:
@@ -175,7 +192,7 @@ def _subprocess(cmd: list[str], log_path: str) -> None:
 
 # Config sections the SFT base and the base evaluations depend on (with the file and seed).
 BASE_SECTIONS = ("task.", "model.", "sft.", "eval.")
-BASE_FILES = ("base", "base_eval.json", "base_calibration.json")
+BASE_FILES = (layout.BASE, layout.BASE_EVAL, layout.BASE_CALIBRATION)
 
 
 def shares_base(arm: Arm, donor: Arm) -> bool:
@@ -187,7 +204,7 @@ def shares_base(arm: Arm, donor: Arm) -> bool:
 
 def copy_base(donor_dir: str, workdir: str) -> list[str]:
     """Copies the donor's base files into a workdir that holds no run yet; returns their names."""
-    if os.path.exists(os.path.join(workdir, "config.json")):
+    if os.path.exists(os.path.join(workdir, layout.CONFIG)):
         return []
     os.makedirs(workdir, exist_ok=True)
     copied = []
@@ -308,9 +325,7 @@ def run_grid(
 
 def _last_rows_mean(workdir: str, key: str, count: int = 10) -> float | None:
     """Mean of ``key`` over the last ``count`` rows of the run's metrics.jsonl (None if absent)."""
-    from jaxrl_vr.eval.plots import read_metrics_jsonl
-
-    path = os.path.join(workdir, "metrics.jsonl")
+    path = os.path.join(workdir, layout.METRICS)
     rows = [r[key] for r in (read_metrics_jsonl(path) if os.path.isfile(path) else []) if key in r]
     return float(sum(rows[-count:]) / len(rows[-count:])) if rows else None
 
@@ -562,9 +577,6 @@ def table_markdown(table: Mapping[str, Any], token_budget: int | None = None) ->
 
 def write_table(table: Mapping[str, Any], root: str, token_budget: int | None = None) -> dict[str, str]:
     """ROOT/compare.json, compare.md, compare_passk.png, compare_regimes.png."""
-    from jaxrl_vr.eval.report import _atomic_write
-    import pathlib
-
     root_path = pathlib.Path(root)
     paths = {}
     if table["mean_pass_at_k"]:
@@ -599,8 +611,8 @@ def write_table(table: Mapping[str, Any], root: str, token_budget: int | None = 
             title=f"pass@1 vs pass@{n}: base → {', '.join(f'{f:g}' for f in table['budget_fractions'])} "
                   "→ full budget (large marker)"))
     text = json.dumps(table, indent=1, sort_keys=True, allow_nan=False)
-    paths["json"] = str(_atomic_write(root_path / "compare.json", text + "\n"))
-    paths["markdown"] = str(_atomic_write(root_path / "compare.md", table_markdown(table, token_budget)))
+    paths["json"] = str(write_text(root_path / "compare.json", text + "\n"))
+    paths["markdown"] = str(write_text(root_path / "compare.md", table_markdown(table, token_budget)))
     return paths
 
 
@@ -621,6 +633,8 @@ def main(argv):
             raise ValueError("--budget_fractions are fractions of --token_budget: give --token_budget.")
         if any(not 0.0 < f < 1.0 for f in fractions):
             raise ValueError(f"--budget_fractions={fractions} must lie strictly between 0 and 1.")
+        for arm in arms:
+            check_arm(arm, seeds[0], flags.FLAGS.token_budget, fractions)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -24,7 +24,7 @@ import jax
 from absl import app, flags, logging
 
 from jaxrl_vr import eval as eval_lib
-from jaxrl_vr import compilation_cache
+from jaxrl_vr import compilation_cache, layout
 from jaxrl_vr.train import run_io
 from jaxrl_vr.train.evaluate import PolicyEval, eval_layout, evaluate_policy
 
@@ -51,7 +51,7 @@ _EVAL_STREAM = 0x5EED_E7A1 % (2**31)
 def output_dir(workdir: str, label: str, sample_seed: int = 0) -> str:
     """DIR/eval/<label>[-seed<S>]."""
     name = label if not sample_seed else f"{label}-seed{int(sample_seed)}"
-    return os.path.join(os.path.abspath(workdir), "eval", name)
+    return os.path.join(os.path.abspath(workdir), layout.EVAL, name)
 
 
 def _label(checkpoint: str) -> str:
@@ -135,7 +135,7 @@ def _meta(workdir: str, label: str, run: run_io.LoadedRun, sample_seed: int, dig
 
 
 def _stored_fingerprint(out_dir: str) -> str | None:
-    path = os.path.join(out_dir, "evaluation.json")
+    path = os.path.join(out_dir, layout.EVALUATION)
     if not os.path.isfile(path):
         return None
     try:

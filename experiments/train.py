@@ -1,41 +1,43 @@
 """Train and evaluate: ``python -m experiments.train --config=CONFIG[:variant] --workdir=DIR``.
 
-Overrides use ml_collections dotted flags, e.g. ``--config.rl.advantage=loo``. Re-running
-with the same workdir resumes from the newest complete checkpoint (the config must match;
-see jaxrl_vr.train.pipeline).
+Overrides are dotted keys of the config, e.g. ``--config.rl.estimator.name=loo``,
+``--config.rl.batch_strategy=dynamic``, ``--config.rl.anchor.weight=0.1`` (switches PBA on),
+``--config.model.system_prompt=None``. Re-running with the same workdir resumes from the
+newest complete checkpoint (the config must match; see jaxrl_vr.train.pipeline).
 
-A user's mistake (a config file that does not exist, a mistyped key, a workdir that cannot
-be a directory, a missing flag) is reported in one ``error: ...`` line on stderr, with a
-"did you mean" suggestion for keys, and exit status 2, before any model is built.
+A user's mistake (a config file that does not exist, a mistyped or moved key, a value that
+does not parse, a workdir that cannot be a directory, a missing flag) is reported in one
+``error: ...`` line on stderr, with a "did you mean" suggestion for keys, and exit status
+2, before any model is built.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import os
 import re
 import sys
-import typing
 from typing import NoReturn
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
+from experiments.config_files import ConfigError, build_config, split_override
 from jaxrl_vr import compilation_cache
 from jaxrl_vr.host_memory import HostMemoryPolicy, keep_host_memory, memory_optimized_cpu_schedule
-from jaxrl_vr.train.loop import RunInterrupted, VerifierFailure
-from jaxrl_vr.train.pipeline import PipelineConfig, WorkdirError, run_pipeline
+from jaxrl_vr.train.loop import RunInterrupted
+from jaxrl_vr.train.pipeline import run_pipeline
+from jaxrl_vr.train.config import PipelineConfig
+from jaxrl_vr.train.rollout import VerifierFailure
+from jaxrl_vr.train.workdir import WorkdirError
 
 USAGE_ERROR = 2  # exit status for a user's mistake
+INTERRUPTED = 130  # exit status after SIGINT / SIGTERM (the last complete step is checkpointed)
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Config file, e.g. experiments/configs/default.py[:smoke].", lock_config=True
-)
+_CONFIG = flags.DEFINE_string("config", None, "Config file, e.g. experiments/configs/default.py[:smoke].")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; resumable).")
 _REEVALUATE = flags.DEFINE_bool(
     "reevaluate", False, "Evaluate a finished run again (into summary_reevaluated.json).")
-INTERRUPTED = 130  # exit status after SIGINT / SIGTERM (the last complete step is checkpointed)
+
+_OVERRIDES: list[tuple[str, str]] = []  # --config.<key>=<value>, taken out of argv by parse_flags
 
 
 def fail(message: str) -> NoReturn:
@@ -44,112 +46,33 @@ def fail(message: str) -> NoReturn:
     sys.exit(USAGE_ERROR)
 
 
-# ---- config keys and suggestions ---------------------------------------------------------------
-
-
-def config_keys(cls: type = PipelineConfig, prefix: str = "") -> dict[str, bool]:
-    """Every dotted key of the config dataclass tree -> whether it is a section (a dataclass)."""
-    hints = typing.get_type_hints(cls)
-    out: dict[str, bool] = {}
-    for field in dataclasses.fields(cls):
-        hint = hints.get(field.name)
-        is_section = isinstance(hint, type) and dataclasses.is_dataclass(hint)
-        out[prefix + field.name] = is_section
-        if is_section:
-            out.update(config_keys(hint, f"{prefix}{field.name}."))
-    return out
-
-
-def suggest_key(key: str, keys: dict[str, bool] | None = None) -> str | None:
-    """The valid dotted key closest to a mistyped one (same section first), or None."""
-    keys = config_keys() if keys is None else keys
-    parent, _, leaf = key.rpartition(".")
-    siblings = {k.rpartition(".")[2]: k for k in keys if k.rpartition(".")[0] == parent}
-    close = difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.6)
-    if close:
-        return siblings[close[0]]
-    elsewhere = [k for k in keys if k.rpartition(".")[2] == leaf]  # right name, wrong section
-    if elsewhere:
-        return elsewhere[0]
-    close = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.6)
-    return close[0] if close else None
-
-
-def key_problem(key: str, keys: dict[str, bool] | None = None) -> str | None:
-    """Why the dotted ``key`` is not a config value (with a suggestion), or None when it is."""
-    keys = config_keys() if keys is None else keys
-    parts = key.split(".")
-    for depth in range(1, len(parts) + 1):
-        prefix = ".".join(parts[:depth])
-        if prefix not in keys:
-            hint = suggest_key(prefix, keys)
-            return f"unknown config key '{prefix}'" + (f"; did you mean '{hint}'?" if hint else "")
-        if not keys[prefix] and depth < len(parts):
-            return f"config key '{prefix}' is a value, not a section: '{key}' does not exist"
-    if keys[key]:
-        return f"config key '{key}' is a section; set one of its keys, e.g. '{key}.<name>'"
-    return None
-
-
-def unknown_keys(tree: dict, prefix: str = "") -> list[str]:
-    """Dotted keys of a config dict that the config dataclasses do not have."""
-    keys = config_keys()
-    out = []
-    for name, value in tree.items():
-        key = f"{prefix}{name}"
-        if key not in keys:
-            out.append(key)
-        elif keys[key] and isinstance(value, dict):
-            out.extend(unknown_keys(value, f"{key}."))
-    return out
-
-
-# ---- flags -----------------------------------------------------------------------------------
-
-
-def _flag_value(argv: list[str], name: str) -> str | None:
-    """The last ``--name=value`` / ``--name value`` in argv (None when absent)."""
-    value = None
-    for i, arg in enumerate(argv):
-        match = re.fullmatch(rf"--?{name}(=(.*))?", arg)
-        if match:
-            value = match.group(2) if match.group(1) else (argv[i + 1] if i + 1 < len(argv) else "")
-    return value
-
-
-def _overrides(argv: list[str]) -> list[str]:
-    """``rl.advantage`` for every ``--config.rl.advantage[=value]`` in argv."""
-    out = []
-    for arg in argv:
-        match = re.match(r"--?config\.([^=]+)", arg)
-        if match:
-            out.append(match.group(1))
-    return out
+def take_overrides(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """(argv without them, the ``--config.key=value`` / ``--config.key value`` overrides)."""
+    rest, overrides, i = [], [], 0
+    while i < len(argv):
+        match = re.fullmatch(r"--?config\.([^=]+)(=(.*))?", argv[i], re.DOTALL)
+        if match is None:
+            rest.append(argv[i])
+        elif match.group(2) is not None:
+            overrides.append((match.group(1), match.group(3)))
+        elif i + 1 < len(argv):
+            overrides.append((match.group(1), argv[i + 1]))
+            i += 1
+        else:
+            fail(f"--config.{match.group(1)} needs a value, e.g. --config.{match.group(1)}=...")
+        i += 1
+    return rest, overrides
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl flag parsing with one-line errors (exit 2) instead of tracebacks and usage dumps."""
-    config = _flag_value(argv[1:], "config")
-    if config is not None:
-        path = config.split(":", 1)[0]
-        if not path:
-            fail("--config needs a file, e.g. --config=experiments/configs/default.py[:variant].")
-        if not os.path.isfile(path):
-            what = "is a directory, not a config file" if os.path.isdir(path) else "does not exist"
-            fail(f"config file {path} {what} (from --config={config}; relative to {os.getcwd()}).")
+    """absl flag parsing with one-line errors (exit 2) instead of tracebacks and usage dumps;
+    the config overrides are kept for ``main``."""
+    rest, overrides = take_overrides(argv)
+    _OVERRIDES[:] = overrides
     try:
-        return flags.FLAGS(argv)
-    except (AttributeError, KeyError) as err:  # ml_collections: an override names no config field
-        for key in _overrides(argv):
-            problem = key_problem(key)
-            if problem:
-                fail(f"{problem} (in --config.{key}).")
-        fail(str(err.args[0] if err.args else err).splitlines()[0])
-    except flags.Error as err:  # unknown flag, bad value for an override
+        return flags.FLAGS(rest)
+    except flags.Error as err:  # unknown flag, bad value
         fail(str(err))
-
-
-# ---- checks before any work ------------------------------------------------------------------
 
 
 def workdir_problem(workdir: str) -> str | None:
@@ -169,26 +92,6 @@ def workdir_problem(workdir: str) -> str | None:
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"--workdir={workdir} cannot be created: {parent} is not writable by this user."
     return None
-
-
-def config_from_flags(config) -> PipelineConfig:
-    """PipelineConfig from the ConfigDict; a bad key or value exits with one error line."""
-    try:
-        tree = config.to_dict()
-    except OSError as err:  # ml_collections defers a failed load to the first access
-        fail(f"cannot load --config: {str(err).splitlines()[0]}")
-    try:
-        return PipelineConfig.from_dict(tree)
-    except KeyError as err:
-        message = str(err.args[0] if err.args else err)
-        if "did you mean" not in message.lower():
-            hints = [(k, suggest_key(k)) for k in unknown_keys(tree)]
-            hints = [f"'{k}' -> '{h}'" for k, h in hints if h]
-            if hints:
-                message = f"{message.rstrip('.')}. Did you mean: {', '.join(hints)}?"
-        fail(message)
-    except (TypeError, ValueError) as err:
-        fail(str(err))
 
 
 def apply_host_memory(cfg: PipelineConfig) -> HostMemoryPolicy | None:
@@ -220,7 +123,10 @@ def main(argv):
     if not _WORKDIR.value:
         fail("--workdir is required, e.g. --workdir=runs/default")
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-    cfg = config_from_flags(_CONFIG.value)
+    try:
+        cfg = build_config(_CONFIG.value, _OVERRIDES)
+    except ConfigError as err:
+        fail(str(err))
     problem = workdir_problem(_WORKDIR.value)
     if problem:
         fail(problem)

@@ -1,141 +1,239 @@
 """Advantage estimators as optax-style ``(init, update)`` pairs, from one registry.
 
-Every estimator has the same two functions, so the RL loop never branches on its name:
+Every estimator has the same functions, so neither the trainer nor the simulator
+branches on its name::
 
     estimator = make_estimator("curverl", num_prompts=P, window=10)
     state = estimator.init()
-    adv_pg, state = estimator.update(rewards_pg, valid_pg, success_pg, state, num_pairs=0)
+    adv_pg, state = estimator.update(rewards_pg, valid_pg, success_pg, state)
 
 ``rewards_pg`` are the shaped rewards (verifier score minus penalties), ``success_pg`` the
-verifier's own success in [0, 1] (what pass rates are made of) and ``valid_pg`` marks the
-real samples of ragged groups and ``num_pairs`` says that rows [0, 2·num_pairs) are
-(q⁺, q⁻) prompt pairs (only Weighted GRPO reads it). Stateless estimators keep an empty state ``()``; CurveRL's
-state is its lagged window (SPEC §3.2). The formulas live in ``jaxrl_vr.advantages``; this
-module only adapts them to the one signature.
+verifier's own success in [0, 1] (what pass rates are made of), ``valid_pg`` marks the
+real samples of ragged groups, and the keyword ``paired_p`` (bool [P], optional) marks
+rows that form (q⁺, q⁻) prompt pairs in rows (2i, 2i + 1) (only Weighted GRPO reads it).
+``diagnostics(state)`` gives scalars to log (CurveRL's window fill). The formulas live in
+``jaxrl_vr.advantages``; this module only adapts them to the one signature.
 
-Adding an estimator is one function and one registry line::
+Adding an estimator is one function, its settings dataclass and one registry line::
 
-    def _my_estimator(*, scale=1.0):
-        return stateless(lambda rewards_pg, valid_pg, success_pg: scale * advantages.loo(
-            rewards_pg, valid_pg))
+    @dataclasses.dataclass(frozen=True)
+    class ScaledLooSettings:
+        scale: float = 1.0
 
-    ESTIMATORS["my_estimator"] = _my_estimator
+    def scaled_loo(settings: ScaledLooSettings, context: EstimatorContext) -> Estimator:
+        return stateless(lambda rewards_pg, valid_pg, success_pg:
+                         settings.scale * advantages.loo(rewards_pg, valid_pg))
+
+    ESTIMATORS["scaled_loo"] = Entry(scaled_loo, ScaledLooSettings)
+
+after which ``--config.rl.estimator.name=scaled_loo --config.rl.estimator.scale=2`` selects it.
+A settings dataclass may define ``check(rl_config)`` for checks against the rest of the RL
+config (it raises ValueError naming the keys and the fix).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrl_vr import advantages
+from jaxrl_vr.registry import Entry, NoSettings, Registry
+
+__all__ = ["ESTIMATORS", "Entry", "Estimator", "EstimatorContext", "make_estimator",
+           "needs_groups", "stateless"]
+
+
+class EstimatorContext(NamedTuple):
+    """What the run tells every estimator: batch shape and the success threshold."""
+
+    num_prompts: int = 0  # P of a training batch (CurveRL's window width)
+    group_size: int = 0  # G
+    success_threshold: float = 0.5
+
+
+def _no_diagnostics(state) -> dict:
+    del state
+    return {}
 
 
 class Estimator(NamedTuple):
     """``init() -> state``;
-    ``update(rewards_pg, valid_pg, success_pg, state, *, num_pairs=0) -> (adv_pg, state)``."""
+    ``update(rewards_pg, valid_pg, success_pg, state, *, paired_p=None) -> (adv_pg, state)``;
+    ``diagnostics(state) -> {name: float}``."""
 
     init: Callable[[], Any]
     update: Callable[..., tuple[jnp.ndarray, Any]]
+    diagnostics: Callable[[Any], dict] = _no_diagnostics
 
 
 def stateless(fn: Callable[[jnp.ndarray, jnp.ndarray, jnp.ndarray], jnp.ndarray]) -> Estimator:
     """An Estimator with empty state around ``fn(rewards_pg, valid_pg, success_pg) -> adv_pg``."""
 
-    def update(rewards_pg, valid_pg, success_pg, state, *, num_pairs=0):
-        del num_pairs
+    def update(rewards_pg, valid_pg, success_pg, state, *, paired_p=None):
+        del paired_p
         return fn(rewards_pg, valid_pg, success_pg), state
 
     return Estimator(init=lambda: (), update=update)
 
 
-def _grpo(*, scale: str = "std") -> Estimator:
+def _grpo(settings: NoSettings, context: EstimatorContext) -> Estimator:
     """GRPO (DeepSeekMath, arXiv 2402.03300): (R − R̄)/(std + eps)."""
-    return stateless(lambda r, v, s: advantages.grpo(r, v, scale=scale))
+    return stateless(lambda r, v, s: advantages.grpo(r, v, scale="std"))
 
 
-def _dr_grpo() -> Estimator:
+def _dr_grpo(settings: NoSettings, context: EstimatorContext) -> Estimator:
     """Dr.GRPO (arXiv 2503.20783): GRPO without the std division, R − R̄."""
-    return _grpo(scale="none")
+    return stateless(lambda r, v, s: advantages.grpo(r, v, scale="none"))
 
 
-def _loo() -> Estimator:
+def _loo(settings: NoSettings, context: EstimatorContext) -> Estimator:
     """RLOO (arXiv 2402.14740): leave-one-out baseline."""
     return stateless(lambda r, v, s: advantages.loo(r, v))
 
 
-def _reinforce() -> Estimator:
+def _reinforce(settings: NoSettings, context: EstimatorContext) -> Estimator:
     """REINFORCE with the group-mean baseline (w(p) = 1)."""
     return stateless(lambda r, v, s: advantages.reinforce(r, v))
 
 
-def _maxrl() -> Estimator:
+@dataclasses.dataclass(frozen=True)
+class MaxRLSettings:
+    """eps: added to the mean success in MaxRL's denominator."""
+
+    eps: float = 1e-6
+
+
+def _maxrl(settings: MaxRLSettings, context: EstimatorContext) -> Estimator:
     """MaxRL (arXiv 2602.02710): the verifier-success part gets (s − s̄)/(s̄ + eps), the
     shaping part (rewards − success) a plain baseline (``advantages.maxrl``)."""
-    return stateless(lambda r, v, s: advantages.maxrl(r, v, success_pg=s))
+    return stateless(lambda r, v, s: advantages.maxrl(r, v, success_pg=s, eps=settings.eps))
 
 
-def _curverl(*, num_prompts: int, window: int = 10) -> Estimator:
+@dataclasses.dataclass(frozen=True)
+class CurveRLSettings:
+    """window: t₀ of CurveRL's lagged reference window, in batches (SPEC §3.2)."""
+
+    window: int = 10
+
+    def __post_init__(self):
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1 batch, got {self.window}.")
+
+
+def _curverl(settings: CurveRLSettings, context: EstimatorContext) -> Estimator:
     """CurveRL (arXiv 2605.24331): lagged-window reverse-hazard prompt weights (SPEC §3.2)."""
+    if context.num_prompts < 1:
+        raise ValueError("curverl needs EstimatorContext.num_prompts (P of a batch) for its window.")
 
-    def update(rewards_pg, valid_pg, success_pg, state, *, num_pairs=0):
-        del num_pairs
+    def update(rewards_pg, valid_pg, success_pg, state, *, paired_p=None):
+        del paired_p
         return advantages.curverl(rewards_pg, state, valid_pg, success_pg=success_pg)
 
-    return Estimator(init=lambda: advantages.curverl_init(num_prompts, window=window), update=update)
+    def diagnostics(state) -> dict:
+        return {"window_fill": float(np.asarray(state.window_valid_wn).mean())}
+
+    return Estimator(init=lambda: advantages.curverl_init(context.num_prompts, window=settings.window),
+                     update=update, diagnostics=diagnostics)
 
 
-def _pair_weighted(*, neg_weight: float = 1.0, pos_weight: float = 1.0, scope: str = "group",
-                   success_threshold: float = 0.5) -> Estimator:
-    """Weighted GRPO (arXiv 2602.03452): rows [0, 2·num_pairs) are (q⁺, q⁻) pairs laid out
-    [q⁺₀, q⁻₀, …] (the pairing source does this) and get ``advantages.pair_weighted`` with
-    row weights [pos_weight, neg_weight]; the remaining (unpaired, data-order) rows get the
-    same group z-score of the verifier success without a pair weight (``advantages.grpo``).
-    Both read the verifier success, binarised at ``success_threshold``.
+PAIR_SCOPES = ("group", "pair", "mean")
+
+
+@dataclasses.dataclass(frozen=True)
+class PairWeightedSettings:
+    """Weighted GRPO (arXiv 2602.03452) for (q⁺, q⁻) pairs.
+
+    Attributes:
+      neg_weight: λ_neg, the weight of q⁻ rows.
+      pos_weight: the weight of q⁺ rows.
+      scope: normalisation: "group" (the paper), "pair" or "mean" (``advantages.pair_weighted``).
     """
 
-    def update(rewards_pg, valid_pg, success_pg, state, *, num_pairs=0):
+    neg_weight: float = 1.0
+    pos_weight: float = 1.0
+    scope: str = "group"
+
+    def __post_init__(self):
+        if self.scope not in PAIR_SCOPES:
+            raise ValueError(f"scope={self.scope!r} is not one of {PAIR_SCOPES}.")
+        if self.neg_weight < 0 or self.pos_weight < 0:
+            raise ValueError(f"neg_weight and pos_weight must be >= 0, got {self.neg_weight}, "
+                             f"{self.pos_weight}.")
+
+    def check(self, rl) -> None:
+        if getattr(rl, "pairing", None) is None:
+            raise ValueError("rl.estimator.name='pair_weighted' normalises (q+, q-) prompt pairs: "
+                             "switch pairing on (set a key of rl.pairing, e.g. rl.pairing.neg_c=2).")
+
+
+def _pair_weighted(settings: PairWeightedSettings, context: EstimatorContext) -> Estimator:
+    """Weighted GRPO (arXiv 2602.03452): rows marked ``paired_p`` form (q⁺, q⁻) pairs in rows
+    (2i, 2i + 1) (the pairing method lays them out so) and get ``advantages.pair_weighted``
+    with row weights [pos_weight, neg_weight]; the other rows get the same group z-score of
+    the verifier success without a pair weight (``advantages.grpo``). Both read the
+    verifier success, binarised at the success threshold.
+    """
+    row_weights = jnp.asarray([settings.pos_weight, settings.neg_weight], jnp.float32)
+
+    def update(rewards_pg, valid_pg, success_pg, state, *, paired_p=None):
         num_p, num_g = rewards_pg.shape
-        paired = 2 * int(num_pairs)
-        success_pg = (success_pg >= success_threshold).astype(jnp.float32)
-        parts = []
-        if paired:
-            parts.append(advantages.pair_weighted(
-                success_pg[:paired].reshape(paired // 2, 2, num_g),
-                neg_weight=jnp.asarray([pos_weight, neg_weight], jnp.float32), scope=scope,
-                valid_2g=valid_pg[:paired].reshape(paired // 2, 2, num_g),
-                success_threshold=0.5).reshape(paired, num_g))
-        if paired < num_p:
-            parts.append(advantages.grpo(success_pg[paired:], valid_pg[paired:]))
-        return jnp.concatenate(parts, axis=0), state
+        success_pg = (success_pg >= context.success_threshold).astype(jnp.float32)
+        plain_pg = advantages.grpo(success_pg, valid_pg)
+        if paired_p is None:
+            return plain_pg, state
+        even = num_p + num_p % 2  # an odd last row has no partner: padded, then dropped
+        pad = ((0, even - num_p), (0, 0))
+        pairs_pg = advantages.pair_weighted(
+            jnp.pad(success_pg, pad).reshape(even // 2, 2, num_g), neg_weight=row_weights,
+            scope=settings.scope, valid_2g=jnp.pad(valid_pg, pad).reshape(even // 2, 2, num_g),
+            success_threshold=0.5).reshape(even, num_g)[:num_p]
+        return jnp.where(jnp.asarray(paired_p, bool)[:, None], pairs_pg, plain_pg), state
 
     return Estimator(init=lambda: (), update=update)
 
 
-ESTIMATORS: dict[str, Callable[..., Estimator]] = {
+ESTIMATORS = Registry("advantage estimator", {
     "grpo": _grpo,
     "dr_grpo": _dr_grpo,
     "loo": _loo,
     "reinforce": _reinforce,
-    "maxrl": _maxrl,
-    "curverl": _curverl,
-    "pair_weighted": _pair_weighted,
-}
+    "maxrl": Entry(_maxrl, MaxRLSettings),
+    "curverl": Entry(_curverl, CurveRLSettings),
+    "pair_weighted": Entry(_pair_weighted, PairWeightedSettings),
+})
 
 
-def make_estimator(name: str, **kwargs) -> Estimator:
-    """The registered estimator ``name`` built with ``kwargs`` (its own keyword arguments)."""
-    if name not in ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}; registered: {sorted(ESTIMATORS)}.")
-    return ESTIMATORS[name](**kwargs)
+def make_estimator(name: str, settings: Any = None, *, context: EstimatorContext | None = None,
+                   num_prompts: int = 0, group_size: int = 0, success_threshold: float = 0.5,
+                   **setting_values) -> Estimator:
+    """The registered estimator ``name``.
+
+    Args:
+      name: a key of ``ESTIMATORS``.
+      settings: its settings dataclass; default: built from ``setting_values``.
+      context: the EstimatorContext; default: from num_prompts, group_size, success_threshold.
+      **setting_values: the entry's settings by name (e.g. ``window=10`` for curverl).
+    """
+    entry = ESTIMATORS[name]
+    if settings is None:
+        settings = entry.settings(**setting_values)
+    elif setting_values:
+        raise TypeError("pass either settings or setting values, not both.")
+    if context is None:
+        context = EstimatorContext(num_prompts, group_size, success_threshold)
+    return entry.fn(settings, context)
 
 
-def estimator_kwargs(name: str, *, num_prompts: int, curverl_window: int, pair_neg_weight: float,
-                     pair_scope: str, success_threshold: float) -> dict:
-    """The keyword arguments of ``make_estimator`` that the RL config supplies for ``name``."""
-    if name == "curverl":
-        return {"num_prompts": num_prompts, "window": curverl_window}
-    if name == "pair_weighted":
-        return {"neg_weight": pair_neg_weight, "scope": pair_scope,
-                "success_threshold": success_threshold}
-    return {}
+@functools.lru_cache(maxsize=64)
+def needs_groups(name: str, settings: Any = None) -> bool:
+    """Whether the estimator's advantage is identically 0 with one sample per prompt (it
+    subtracts a group baseline): measured on two one-sample groups with different rewards."""
+    estimator = make_estimator(name, settings, context=EstimatorContext(2, 1, 0.5))
+    rewards_pg = jnp.asarray([[1.0], [0.0]], jnp.float32)
+    valid_pg = jnp.ones((2, 1), bool)
+    adv_pg, _ = estimator.update(rewards_pg, valid_pg, rewards_pg, estimator.init())
+    return bool(np.all(np.asarray(adv_pg) == 0.0))

@@ -25,3 +25,8 @@ import hypothesis  # noqa: E402
 # Property tests draw the same examples on every run, so CI never fails by chance.
 hypothesis.settings.register_profile("jaxrl_vr", derandomize=True, deadline=None)
 hypothesis.settings.load_profile("jaxrl_vr")
+
+import sys  # noqa: E402
+
+# Shared test helpers (tests/*_testlib.py) import from any test folder.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

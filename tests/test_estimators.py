@@ -1,5 +1,7 @@
 """Advantage estimators as (init, update) pairs: one registry, one signature."""
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -56,17 +58,23 @@ def test_pair_weighted_uses_group_normalisation_then_the_pair_weights():
     extra = [1.0, 0.0] * 4
     scores = jnp.asarray([q_pos, q_neg, extra], jnp.float32)
     valid = jnp.ones(scores.shape, bool)
+    paired = jnp.asarray([True, True, False])
     est = estimators.make_estimator("pair_weighted", neg_weight=2.0)
-    adv, _ = est.update(scores, valid, scores, (), num_pairs=1)
+    adv, _ = est.update(scores, valid, scores, (), paired_p=paired)
     lone = 7 / 8 / np.sqrt((7 / 64 * 8) / 7)  # (1 − 1/8) / std with K − 1 = +2.4749
     np.testing.assert_allclose(float(adv[0, 0]), lone, rtol=1e-5)
     np.testing.assert_allclose(float(adv[1, 0]), -2.0 * lone, rtol=1e-5)  # λ scales q− rows
     np.testing.assert_allclose(np.asarray(adv[2]), np.asarray(advantages.grpo(scores[2:]))[0],
                                rtol=1e-6)
     adv_one, _ = estimators.make_estimator("pair_weighted", neg_weight=1.0).update(
-        scores, valid, scores, (), num_pairs=1)
+        scores, valid, scores, (), paired_p=paired)
     assert not np.allclose(np.asarray(adv_one[1]), np.asarray(adv[1]))  # λ changes the update
     np.testing.assert_allclose(np.asarray(adv_one[0]), np.asarray(adv[0]))
+    # The pair rows are data: one compiled update for any layout; no pairs = GRPO everywhere.
+    adv_jit, _ = jax.jit(est.update)(scores, valid, scores, (), paired_p=paired)
+    np.testing.assert_allclose(np.asarray(adv_jit), np.asarray(adv), rtol=1e-6)
+    adv_none, _ = est.update(scores, valid, scores, (), paired_p=jnp.zeros(3, bool))
+    np.testing.assert_allclose(np.asarray(adv_none), np.asarray(advantages.grpo(scores, valid)), rtol=1e-6)
 
 
 def test_unknown_estimator_names_the_registered_ones():
@@ -74,10 +82,39 @@ def test_unknown_estimator_names_the_registered_ones():
         estimators.make_estimator("grpoo")
 
 
-def test_adding_an_estimator_is_one_function_and_one_registry_line(monkeypatch):
-    def half_loo():
-        return estimators.stateless(lambda r, v, s: 0.5 * advantages.loo(r, v))
+@dataclasses.dataclass(frozen=True)
+class ScaledLooSettings:
+    scale: float = 0.5
 
-    monkeypatch.setitem(estimators.ESTIMATORS, "half_loo", half_loo)
-    adv, _ = estimators.make_estimator("half_loo").update(REWARDS, VALID, REWARDS, ())
-    np.testing.assert_allclose(np.asarray(adv), 0.5 * np.asarray(advantages.loo(REWARDS, VALID)))
+
+def test_adding_an_estimator_is_one_function_one_settings_dataclass_one_registry_line(monkeypatch):
+    def scaled_loo(settings, context):
+        return estimators.stateless(lambda r, v, s: settings.scale * advantages.loo(r, v))
+
+    monkeypatch.setitem(estimators.ESTIMATORS, "scaled_loo", estimators.Entry(scaled_loo, ScaledLooSettings))
+    for kwargs, scale in (({}, 0.5), ({"scale": 3.0}, 3.0)):
+        adv, _ = estimators.make_estimator("scaled_loo", **kwargs).update(REWARDS, VALID, REWARDS, ())
+        np.testing.assert_allclose(np.asarray(adv), scale * np.asarray(advantages.loo(REWARDS, VALID)))
+    with pytest.raises(TypeError, match="scal"):
+        estimators.make_estimator("scaled_loo", scal=2.0)
+
+
+@pytest.mark.parametrize("name,expected", [("grpo", True), ("loo", True), ("curverl", True),
+                                           ("maxrl", True), ("pair_weighted", True)])
+def test_needs_groups_is_measured_not_listed(name, expected):
+    assert estimators.needs_groups(name) is expected
+
+
+def test_needs_groups_of_an_estimator_without_a_baseline(monkeypatch):
+    monkeypatch.setitem(estimators.ESTIMATORS, "raw", lambda settings, context: estimators.stateless(
+        lambda r, v, s: r))
+    assert estimators.needs_groups("raw") is False
+
+
+def test_curverl_reports_its_window_fill():
+    est = estimators.make_estimator("curverl", num_prompts=2, window=4)
+    state = est.init()
+    assert est.diagnostics(state) == {"window_fill": 0.0}
+    _, state = est.update(REWARDS, VALID, REWARDS, state)
+    assert 0.0 < est.diagnostics(state)["window_fill"] <= 1.0
+    assert estimators.make_estimator("grpo").diagnostics(()) == {}

@@ -47,7 +47,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
 
     # --- training
     s.methods = d.methods  # comma-separated method names; tokens joined by "+" (see below)
-    # estimators: grpo dr_grpo loo maxrl curverl reinforce weighted_grpo;
+    # estimators (jaxrl_vr.estimators): grpo dr_grpo loo maxrl curverl reinforce pair_weighted;
     # selections: uniform dapo (dynamic) two_stage pairing; regulariser: pba.
     # e.g. "grpo,maxrl,curverl,pba,pairing,dapo,two_stage,curverl+pba"
     s.steps = d.steps  # training steps (one batch and one optimizer update each)

@@ -19,6 +19,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from jaxrl_vr.atomic import write_bytes, write_json
+
 __all__ = ["ChunkStore", "fingerprint_digest"]
 
 _CHUNK = re.compile(r"^chunk_(\d{5,})\.npz$")
@@ -44,9 +46,7 @@ class ChunkStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         meta = self.directory / "meta.json"
         if not meta.exists():
-            tmp = meta.with_name("meta.json.tmp")
-            tmp.write_text(json.dumps(self.fingerprint, indent=2, sort_keys=True, default=str))
-            os.replace(tmp, meta)
+            write_json(meta, self.fingerprint, default=str)
 
     def _path(self, index: int) -> pathlib.Path:
         return self.directory / f"chunk_{int(index):05d}.npz"
@@ -64,13 +64,7 @@ class ChunkStore:
         """Writes chunk ``index`` atomically."""
         buffer = io.BytesIO()
         np.savez(buffer, **{k: np.asarray(v) for k, v in arrays.items()})
-        path = self._path(index)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(buffer.getvalue())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_bytes(self._path(index), buffer.getvalue(), sync=True)
 
     def load(self, index: int) -> dict[str, np.ndarray]:
         with np.load(self._path(index)) as data:

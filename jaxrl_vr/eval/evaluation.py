@@ -21,7 +21,9 @@ from jaxrl_vr import passk
 from jaxrl_vr.eval.inversion import inversion_counts, inversion_report
 from jaxrl_vr.eval.passk_eval import headline_ks, passk_report
 from jaxrl_vr.eval.plots import plot_delta_by_regime, plot_passk, plot_passk_curves, plot_prompt_scatter
-from jaxrl_vr.eval.report import _atomic_write, format_table, to_jsonable
+from jaxrl_vr import layout
+from jaxrl_vr.atomic import write_text
+from jaxrl_vr.eval.report import format_table, to_jsonable
 
 __all__ = ["PolicyResult", "REGIME_N", "DEFINITIONS", "build_evaluation", "evaluation_markdown", "write_evaluation"]
 
@@ -353,7 +355,7 @@ def write_evaluation(evaluation: Mapping[str, Any], out_dir: str | os.PathLike) 
     else:
         paths["passk"] = plot_passk_curves({label: own}, ks, out_dir / "passk.png")
     text = json.dumps(to_jsonable(dict(ev)), indent=1, sort_keys=True, allow_nan=False)
-    paths["evaluation"] = _atomic_write(out_dir / "evaluation.json", text + "\n")
+    paths["evaluation"] = write_text(out_dir / layout.EVALUATION, text + "\n")
     images = [p.name for key, p in paths.items() if key != "evaluation"]
-    paths["report"] = _atomic_write(out_dir / "report.md", evaluation_markdown(ev, images=images))
+    paths["report"] = write_text(out_dir / layout.REPORT, evaluation_markdown(ev, images=images))
     return paths

@@ -16,6 +16,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from jaxrl_vr.atomic import replaced
+
 __all__ = [
     "read_metrics_jsonl",
     "plot_passk",
@@ -55,9 +57,8 @@ def _save(fig: Figure, path: str | os.PathLike) -> pathlib.Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
     fig.tight_layout()
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
+    with replaced(path, suffix=".tmp.png") as tmp:
+        fig.savefig(tmp, dpi=110)
     return path
 
 

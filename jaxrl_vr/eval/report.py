@@ -16,6 +16,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from jaxrl_vr import layout
+from jaxrl_vr.atomic import write_text
+
 __all__ = ["to_jsonable", "write_summary", "format_table", "write_report_md", "write_report"]
 
 
@@ -47,18 +50,10 @@ def to_jsonable(obj: Any) -> Any:
     raise TypeError(f"cannot write {type(obj).__name__} to summary.json; convert it to numbers or strings.")
 
 
-def _atomic_write(path: pathlib.Path, text: str) -> pathlib.Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
-
-
 def write_summary(summary: dict, workdir: str | os.PathLike) -> pathlib.Path:
     """Writes ``workdir/summary.json`` atomically; returns its path."""
     text = json.dumps(to_jsonable(summary), indent=2, sort_keys=True, allow_nan=False)
-    return _atomic_write(pathlib.Path(workdir) / "summary.json", text + "\n")
+    return write_text(pathlib.Path(workdir) / layout.SUMMARY, text + "\n")
 
 
 def _passk_of(summary: dict) -> dict | None:
@@ -152,7 +147,7 @@ def write_report_md(
         images = sorted(p.name for p in workdir.glob("*.png")) if workdir.is_dir() else []
     if images:
         parts += ["## Plots", ""] + [f"![{name}]({name})" for name in images] + [""]
-    return _atomic_write(workdir / "report.md", "\n".join(parts))
+    return write_text(workdir / layout.REPORT, "\n".join(parts))
 
 
 def write_report(summary: dict, workdir: str | os.PathLike, **kwargs: Any) -> dict[str, pathlib.Path]:

@@ -22,8 +22,10 @@ import jax
 import numpy as np
 from flax import nnx
 
+from jaxrl_vr import parallel
 from jaxrl_vr.host_memory import release_free_heap
 from jaxrl_vr.models.config import DecoderConfig
+from jaxrl_vr.models.hf_io import from_hf_state_dict
 from jaxrl_vr.models.tokenizers import GGUFTokenizer, tokenizer_from_gguf
 
 __all__ = [
@@ -390,15 +392,11 @@ def from_gguf(path: str | os.PathLike, *, dtype: str = "float32", mesh: Any = No
     Returns:
       (decoder, tokenizer); the weights are the dequantised values (Q4 stays Q4-accurate).
     """
-    from jaxrl_vr.models.hf_io import from_hf_state_dict  # models engineer's loader.
-
     checkpoint = read_gguf(path, dtype=dtype)
     model = from_hf_state_dict(checkpoint.config, checkpoint.tensors, dtype=dtype)
     tokenizer = checkpoint.tokenizer
     del checkpoint  # its dequantised tensors, so that the heap trim below can return them
     if mesh is not None:
-        from jaxrl_vr import parallel
-
         model = parallel.shard_model(model, mesh)
     jax.block_until_ready(nnx.state(model))
     release_free_heap()

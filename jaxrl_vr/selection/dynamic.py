@@ -9,17 +9,22 @@ no gradient; DAPO drops such groups and keeps generating until the batch holds
   the filtered fraction.
 * ``RecheckSchedule``: filtered prompts are suspended, then re-admitted after a delay,
   because a filter verdict on few samples is noisy: a prompt with pass rate p = 0.2
-  is all wrong on G = 4 samples with probability 0.8^4 = 0.4096 (41%).
+  is all wrong on G = 4 samples with probability 0.8^4 = 0.4096 (41%); ``SkipSuspended``
+  is the data order without the suspended prompts.
+* ``dynamic_batch``: the batch strategy (``jaxrl_vr.selection.strategies``) over trajectories.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple
+import dataclasses
+from typing import Any, Callable, Mapping, NamedTuple
 
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jaxrl_vr import trajectory as traj_lib
 
 __all__ = [
     "informative_groups",
@@ -27,7 +32,9 @@ __all__ = [
     "prob_all_wrong",
     "DynamicBatch",
     "DynamicBatcher",
+    "DynamicStats",
     "RecheckSchedule",
+    "SkipSuspended",
     "dynamic_batch",
 ]
 
@@ -89,6 +96,30 @@ def prob_all_wrong(p: Any, num_samples: int) -> np.ndarray:
     return (1.0 - np.asarray(p, np.float64)) ** num_samples
 
 
+class DynamicStats(NamedTuple):
+    """What one dynamic-sampling batch took.
+
+    Attributes:
+      rounds: generation rounds used.
+      generated_groups, kept_groups: groups sampled, and informative ones among them.
+      filtered_fraction: filtered / generated groups.
+      filtered_solved_fraction: share of the filtered groups that were all solved.
+      batch_fill: real (kept) groups / batch size.
+      surplus_groups: kept groups beyond the batch size (dropped).
+    """
+
+    rounds: int
+    generated_groups: int
+    kept_groups: int
+    filtered_fraction: float
+    filtered_solved_fraction: float
+    batch_fill: float
+    surplus_groups: int
+
+    def metrics(self) -> dict[str, float]:
+        return {f"dynamic/{name}": float(value) for name, value in self._asdict().items()}
+
+
 class DynamicBatch(NamedTuple):
     """One filled (or budget-exhausted) dynamic-sampling batch.
 
@@ -99,7 +130,7 @@ class DynamicBatch(NamedTuple):
       group_mask_p: [N] bool, True for real groups, False for padding.
       payload: the added payload pytrees, kept groups concatenated (zeros in padding);
         None if no payload was given.
-      stats: JSON-able scalar metrics (``dynamic/...``).
+      stats: DynamicStats.
       filtered_idx: int64 prompt indices of every filtered group (for ``RecheckSchedule``).
     """
 
@@ -108,7 +139,7 @@ class DynamicBatch(NamedTuple):
     valid_pg: np.ndarray
     group_mask_p: np.ndarray
     payload: Any
-    stats: dict
+    stats: DynamicStats
     filtered_idx: np.ndarray
 
 
@@ -297,15 +328,15 @@ class DynamicBatcher:
             payload = jax.tree_util.tree_map(join, self._template, *self._payloads)
         filtered_idx = np.concatenate(self._filtered_idx) if self._filtered_idx else np.zeros(0, np.int64)
         num_filtered = self._generated - self._kept
-        stats = {
-            "dynamic/rounds": self.rounds,
-            "dynamic/generated_groups": self._generated,
-            "dynamic/kept_groups": self._kept,
-            "dynamic/filtered_fraction": self.filtered_fraction,
-            "dynamic/filtered_solved_fraction": self._filtered_solved / max(num_filtered, 1),
-            "dynamic/batch_fill": n_real / self.batch_size,
-            "dynamic/surplus_groups": max(self._kept - self.batch_size, 0),
-        }
+        stats = DynamicStats(
+            rounds=self.rounds,
+            generated_groups=self._generated,
+            kept_groups=self._kept,
+            filtered_fraction=self.filtered_fraction,
+            filtered_solved_fraction=self._filtered_solved / max(num_filtered, 1),
+            batch_fill=n_real / self.batch_size,
+            surplus_groups=max(self._kept - self.batch_size, 0),
+        )
         return DynamicBatch(idx, rewards, valid, group_mask, payload, stats, filtered_idx)
 
 
@@ -391,50 +422,87 @@ class RecheckSchedule:
         self._until_p, self._strikes_p = until.copy(), strikes.copy()
 
 
+class SkipSuspended:
+    """The data order without suspended prompts (DAPO re-check, ``RecheckSchedule``).
+
+    A drawn prompt that is suspended at this step is deferred; deferred prompts are served
+    first once ``admissible(step)`` lets them back in, so a filtered prompt is re-checked
+    after its suspension instead of waiting for the next epoch.
+
+    Args:
+      order: the prompt source to filter (``next_prompts``, ``num_items``, state).
+      admissible: ``step -> bool [num_items]`` (``RecheckSchedule.admissible``).
+    """
+
+    def __init__(self, order, admissible: Callable[[int], np.ndarray]):
+        self.order, self.admissible = order, admissible
+        self.pending: list[int] = []
+        self._step = 0
+
+    @property
+    def num_items(self) -> int:
+        return self.order.num_items
+
+    def begin_step(self, step: int) -> None:
+        self._step = int(step)
+        self.order.begin_step(step)
+
+    def next_prompts(self, num: int) -> np.ndarray:
+        ok = np.asarray(self.admissible(self._step), bool)
+        ready = [p for p in self.pending if ok[p]][:num]
+        self.pending = [p for p in self.pending if p not in set(ready)]
+        out = list(ready)
+        while len(out) < num:
+            if len(self.pending) >= self.order.num_items:  # everything suspended: take the oldest
+                out.append(self.pending.pop(0))
+                continue
+            for p in self.order.next_prompts(num - len(out)).tolist():
+                (out if ok[p] and p not in out else self.pending).append(p)
+        return np.asarray(out[:num], np.int64)
+
+    def state_dict(self) -> dict:
+        return {**self.order.state_dict(), "pending": list(self.pending)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.order.load_state_dict(state)
+        self.pending = [int(p) for p in state.get("pending", [])]
+
+
 def dynamic_batch(sample_round, next_prompts, *, num_prompts: int, num_samples: int,
-                  max_rounds: int, success_threshold: float = 0.5, recheck=None, step: int = 0):
-    """DAPO dynamic sampling as a batch strategy (``jaxrl_vr.train.rounds``' signature).
+                  max_rounds: int, success_threshold: float = 0.5, recheck=None,
+                  step: int = 0) -> traj_lib.Trajectory:
+    """DAPO dynamic sampling as a batch strategy (``jaxrl_vr.selection.strategies``).
 
     Samples rounds of ``num_prompts`` prompts until ``num_prompts`` informative groups
     (verifier scores not all equal) are kept or ``max_rounds`` rounds are spent; a short
     batch is padded with invalid groups so shapes never change. Every round's tokens count
-    in the budget (its stats are summed). The keep decision uses the verifier scores, not
-    the shaped rewards, as DAPO filters on accuracy.
+    in the budget (their stats add). The keep decision uses the verifier scores, not the
+    shaped rewards, as DAPO filters on accuracy.
 
     Args:
-      sample_round: ``(prompt_idx, num_samples) -> Round``.
+      sample_round: ``(prompt_idx, num_samples) -> Trajectory``.
       next_prompts: ``num -> prompt_idx``.
       recheck: optional ``RecheckSchedule`` that records each round's filter verdicts.
       step: the RL step (for ``recheck``).
 
     Returns:
-      a Round of ``num_prompts`` groups with ``dynamic/*`` stats, plus ``all_groups``
-      reward/pass statistics over every sampled group under ``sampled/*``.
+      a Trajectory of ``num_prompts`` groups whose ``stats.strategy`` is the DynamicStats.
     """
-    from jaxrl_vr.train import rounds as rounds_lib
-
     batcher = DynamicBatcher(num_prompts, max_rounds=max_rounds,
                              success_threshold=success_threshold)
-    kept, stats = [], {}
-    sampled_rewards, sampled_success, sampled_valid = [], [], []
+    kept, stats = [], traj_lib.RolloutStats()
     while not batcher.done:
         round_ = sample_round(next_prompts(num_prompts), num_samples)
-        stats = rounds_lib.add_stats(stats, round_.stats)
-        keep_p = batcher.add(round_.prompt_idx_p, round_.rewards_b.reshape(round_.valid_pg.shape),
-                             round_.valid_pg,
-                             filter_on_pg=round_.scores_b.reshape(round_.valid_pg.shape))
+        stats = stats + round_.stats
+        keep_p = batcher.add(round_.prompt_idx_p, round_.per_group(round_.rewards_b), round_.valid_pg,
+                             filter_on_pg=round_.per_group(round_.scores_b))
         if recheck is not None:
             recheck.record(round_.prompt_idx_p, ~keep_p, step)
-        sampled_rewards.append(round_.rewards_b[round_.valid_pg.reshape(-1)])
-        sampled_success.append(round_.scores_b[round_.valid_pg.reshape(-1)] >= success_threshold)
         if keep_p.any():
-            kept.append(rounds_lib.select_groups(round_, keep_p))
-    stats.update({k: float(v) for k, v in batcher.result().stats.items()})
-    stats["sampled/reward"] = float(np.concatenate(sampled_rewards).mean())
-    stats["sampled/pass_rate"] = float(np.concatenate(sampled_success).mean())
+            kept.append(traj_lib.select_groups(round_, keep_p))
+    stats = dataclasses.replace(stats, strategy=batcher.result().stats)
     if not kept:  # nothing informative: one all-invalid batch of the last round's prompts
-        empty = rounds_lib.invalidate(round_, np.zeros_like(round_.valid_pg))
-        return empty._replace(stats=stats)
-    batch = rounds_lib.concat_groups(kept, stats=stats)
-    batch = rounds_lib.select_groups(batch, np.arange(min(batch.num_prompts, num_prompts)))
-    return rounds_lib.pad_groups(batch, num_prompts)
+        return traj_lib.invalidate(round_, np.zeros_like(round_.valid_pg))._replace(stats=stats)
+    batch = traj_lib.concat_groups(kept, stats=stats)
+    batch = traj_lib.select_groups(batch, np.arange(min(batch.num_prompts, num_prompts)))
+    return traj_lib.pad_groups(batch, num_prompts)

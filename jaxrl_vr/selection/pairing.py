@@ -24,6 +24,7 @@ import numpy as np
 __all__ = [
     "PairPools",
     "PairedPromptSource",
+    "PairedSource",
     "PromptChoice",
     "pairing_pools",
     "pairs_from_tracker",
@@ -345,3 +346,40 @@ class PairedPromptSource:
                 "resume with the run's seed.")
         self.data_position = int(np.asarray(state["data_position"]))
         self.num_draws = int(np.asarray(state["num_draws"]))
+
+
+class PairedSource:
+    """``PairedPromptSource`` behind the prompt-source interface of the trainer.
+
+    ``next_prompts(num)`` draws the step's prompts (pairs first, then the data order);
+    ``is_pair_p`` is the last draw's pair rows, laid out [q⁺₀, q⁻₀, q⁺₁, q⁻₁, …].
+    """
+
+    def __init__(self, source: PairedPromptSource):
+        self.source, self._step = source, 0
+        self.is_pair_p = np.zeros(source.prompts_per_step, bool)
+
+    @property
+    def num_items(self) -> int:
+        return self.source.num_prompts
+
+    @property
+    def position(self) -> int:
+        return int(self.source.data_position)
+
+    def begin_step(self, step: int) -> None:
+        self._step = int(step)
+
+    def next_prompts(self, num: int) -> np.ndarray:
+        choice = self.source.next_prompts(self._step)
+        if choice.idx_p.shape[0] != num:
+            raise ValueError(f"the pairing source draws {choice.idx_p.shape[0]} prompts per step, "
+                             f"asked for {num}.")
+        self.is_pair_p = np.asarray(choice.is_pair_p, bool)
+        return np.asarray(choice.idx_p, np.int64)
+
+    def state_dict(self) -> dict:
+        return self.source.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.source.load_state_dict(state)

@@ -16,8 +16,9 @@ of a fixed prompt set (indexed 0..P-1, optionally named by uid):
   fill both when the calibration pass is run with the initial policy).
 
 Steps: ``tracker.step`` is the current RL step (0 at the start). ``update`` records at
-the current step and does not advance it; the trainer calls ``advance()`` once per RL
-step, so EMA decay does not depend on how many sampling rounds a step used.
+the current step and does not advance it. As a ``jaxrl_vr.hooks.Hook`` the tracker
+``observe``s every sample an RL step generated in one update and then advances, so EMA
+decay does not depend on how many sampling rounds a step used.
 
 ``state_dict()`` returns only numpy arrays (an orbax-friendly pytree) and
 ``config_dict()`` a JSON-able description; ``load_state_dict`` checks that a checkpoint
@@ -30,6 +31,9 @@ import zlib
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+
+from jaxrl_vr.hooks import Hook
+from jaxrl_vr.trajectory import Trajectory
 
 __all__ = ["PromptTracker", "success_counts"]
 
@@ -81,7 +85,7 @@ def _uid_fingerprint(uids: Sequence[str] | None, num_prompts: int) -> int:
     return zlib.crc32(text.encode("utf-8"))
 
 
-class PromptTracker:
+class PromptTracker(Hook):
     """Per-prompt pass-rate statistics over training plus a frozen-base cache.
 
     Recency models (``recency``):
@@ -203,6 +207,18 @@ class PromptTracker:
         if missing:
             raise KeyError(f"unknown prompt uids (first 5): {missing[:5]}")
         return np.asarray([self._uid_index[u] for u in uids], np.int64)
+
+    # --------------------------------------------------------------- the hook
+    state_key = "tracker"
+
+    def observe(self, sampled: Trajectory) -> None:
+        """One update per RL step with every sample the step generated, then ``advance``."""
+        if sampled.num_prompts:
+            self.update(sampled.prompt_idx_p, sampled.per_group(sampled.scores_b), sampled.valid_pg)
+        self.advance()
+
+    def metrics(self, batch: Trajectory) -> dict[str, float]:
+        return self.summary()
 
     # --------------------------------------------------------------- training
     def advance(self, step: int | None = None) -> int:

@@ -11,11 +11,14 @@ capped at g_max; the allocation is deterministic and its total is exactly ``tota
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, NamedTuple
 
 import chex
 import jax.numpy as jnp
 import numpy as np
+
+from jaxrl_vr import trajectory as traj_lib
 
 __all__ = [
     "probe_pass_rate",
@@ -24,6 +27,7 @@ __all__ = [
     "merge_probe_and_continuation",
     "adaptive_group_sizes",
     "group_valid_mask",
+    "TwoStageStats",
     "two_stage_batch",
 ]
 
@@ -232,9 +236,18 @@ def group_valid_mask(g_p: Any, g_max: int) -> np.ndarray:
     return np.arange(g_max)[None, :] < g[:, None]
 
 
+class TwoStageStats(NamedTuple):
+    """continued_frac: share of the probed prompts that got more samples."""
+
+    continued_frac: float
+
+    def metrics(self) -> dict[str, float]:
+        return {"two_stage/continued_frac": float(self.continued_frac)}
+
+
 def two_stage_batch(sample_round, next_prompts, *, num_prompts: int, g_probe: int, g_full: int,
-                    lo: float, hi: float, adaptive_g_max: int | None = None):
-    """Two-stage sampling as a batch strategy (``jaxrl_vr.train.rounds``' signature).
+                    lo: float, hi: float, adaptive_g_max: int | None = None) -> traj_lib.Trajectory:
+    """Two-stage sampling as a batch strategy (``jaxrl_vr.selection.strategies``).
 
     Probe the next P prompts with G_probe samples each. Then either
 
@@ -246,28 +259,24 @@ def two_stage_batch(sample_round, next_prompts, *, num_prompts: int, g_probe: in
 
     Samples a prompt did not get are invalid padding (ragged groups), so the train step's
     shapes never change. One continuation call per distinct extra count; every generated
-    token of both stages is in the round's stats.
+    token of both stages is in the trajectory's stats.
     """
-    from jaxrl_vr.train import rounds as rounds_lib
-
     probe = sample_round(next_prompts(num_prompts), g_probe)
-    shape_pg = probe.valid_pg.shape
-    rate_p = np.asarray(probe_pass_rate(probe.scores_b.reshape(shape_pg), probe.valid_pg))
+    scores_pg = probe.per_group(probe.scores_b)
+    rate_p = np.asarray(probe_pass_rate(scores_pg, probe.valid_pg))
     if adaptive_g_max is None:
         width = g_full
-        continue_p = np.asarray(probe_continue(probe.scores_b.reshape(shape_pg), probe.valid_pg,
-                                               lo=lo, hi=hi), bool)
+        continue_p = np.asarray(probe_continue(scores_pg, probe.valid_pg, lo=lo, hi=hi), bool)
         extra_p = continuation_counts(continue_p, g_probe=g_probe, g_full=g_full)
     else:
         width = adaptive_g_max
         g_p = adaptive_group_sizes(rate_p, total=num_prompts * g_full, g_min=g_probe,
                                    g_max=adaptive_g_max, lo=lo, hi=hi)
         extra_p = g_p - g_probe
-    batch = rounds_lib.widen(probe, width)
+    batch = traj_lib.widen(probe, width)
     for extra in np.unique(extra_p[extra_p > 0]):
         rows = np.flatnonzero(extra_p == extra)
         more = sample_round(probe.prompt_idx_p[rows], int(extra))
-        batch = rounds_lib.place_samples(batch, more, rows, g_probe)
-    stats = dict(batch.stats)
-    stats["two_stage/continued_frac"] = float((extra_p > 0).mean())
+        batch = traj_lib.place_samples(batch, more, rows, g_probe)
+    stats = dataclasses.replace(batch.stats, strategy=TwoStageStats(float((extra_p > 0).mean())))
     return batch._replace(stats=stats)

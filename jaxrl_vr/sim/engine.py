@@ -157,7 +157,7 @@ def init_state(key: jax.Array, cfg: SimConfig, spec: methods_lib.MethodSpec,
         population=population,
         params=params,
         opt_state=make_optimizer(cfg).init(params),
-        estimator_state=methods_lib.ESTIMATORS[spec.estimator].init(cfg),
+        estimator_state=methods_lib.make_sim_estimator(spec.estimator, cfg).init(),
         tracker=tracker,
         key=key_run,
         tracked_idx_n=_tracked_prompts(key_track, population.regime_p, cfg.num_tracked),
@@ -187,8 +187,9 @@ def train_step(state: SimState, cfg: SimConfig,
     batch = methods_lib.SELECTIONS[spec.selection](
         key_select, lambda k, idx, g: sample_fn(k, prompt_idx_n=idx, num_samples=g),
         state.tracker, cfg)
-    adv_pg, estimator_state = methods_lib.ESTIMATORS[spec.estimator].advantage(
-        batch.rewards_pg, batch.valid_pg, state.estimator_state, cfg)
+    paired_p = jnp.broadcast_to(batch.paired, batch.prompt_idx_p.shape)
+    adv_pg, estimator_state = methods_lib.make_sim_estimator(spec.estimator, cfg).update(
+        batch.rewards_pg, batch.valid_pg, batch.rewards_pg, state.estimator_state, paired_p=paired_p)
     loss, grads = jax.value_and_grad(policy_loss)(
         state.params, state.population, batch, adv_pg, cfg, spec.pba)
     updates, opt_state = make_optimizer(cfg).update(grads, state.opt_state, state.params)

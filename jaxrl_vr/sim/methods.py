@@ -3,10 +3,11 @@
 A method name is one or more tokens joined by "+": at most one estimator, one selection
 rule and the ``pba`` regulariser, e.g. ``grpo``, ``maxrl``, ``curverl+pba``,
 ``dapo``, ``two_stage+loo``, ``pairing``. Missing parts default to the GRPO estimator
-and uniform selection (``pairing`` defaults to the Weighted-GRPO estimator). Every
-estimator is a call into ``jaxrl_vr.advantages`` and every selection rule into
-``jaxrl_vr.selection`` where a jittable version exists; nothing here restates their
-formulas. Adding a method is one function and one registry line.
+and uniform selection (``pairing`` defaults to Weighted GRPO, ``pair_weighted``). The
+estimators are the trainer's own (``jaxrl_vr.estimators``: one registry, one set of
+names) and every selection rule calls into ``jaxrl_vr.selection`` where a jittable
+version exists; nothing here restates their formulas. Adding a selection rule is one
+function and one registry line.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrl_vr import advantages
+from jaxrl_vr.estimators import ESTIMATORS, Estimator, EstimatorContext, make_estimator
 from jaxrl_vr.selection import dynamic, two_stage
 
 # Tolerance on band edges of tracked rates (the same role as selection.pairing's _EPS).
@@ -56,42 +57,21 @@ SampleFn = Callable[[jax.Array, jnp.ndarray, int], tuple[jnp.ndarray, jnp.ndarra
 # ------------------------------------------------------------------------ estimators
 
 
-class Estimator(NamedTuple):
-    """(init, advantage) pair: init(cfg) -> state; advantage(r, v, state, cfg) -> (A, state)."""
-
-    init: Callable[[Any], Any]
-    advantage: Callable[..., tuple[jnp.ndarray, Any]]
-
-
-def _stateless(fn: Callable[..., jnp.ndarray]) -> Estimator:
-    return Estimator(init=lambda cfg: (), advantage=lambda r, v, s, cfg: (fn(r, v, cfg), s))
-
-
-def _weighted_grpo(rewards_pg, valid_pg, cfg):
-    """Rows (2i, 2i+1) are a (q+, q-) pair: ``advantages.pair_weighted`` on [N, 2, G]."""
-    num_p, group = rewards_pg.shape
-    adv = advantages.pair_weighted(
-        rewards_pg.reshape(num_p // 2, 2, group), neg_weight=cfg.pairing_neg_weight,
-        scope=cfg.pairing_scope, valid_2g=valid_pg.reshape(num_p // 2, 2, group))
-    return adv.reshape(num_p, group)
+def estimator_settings(name: str, cfg):
+    """The settings of estimator ``name`` from the simulator config's values."""
+    values = {
+        "maxrl": {"eps": cfg.maxrl_eps},
+        "curverl": {"window": cfg.curverl_window},
+        "pair_weighted": {"neg_weight": cfg.pairing_neg_weight, "scope": cfg.pairing_scope},
+    }.get(name, {})
+    return ESTIMATORS.settings(name, values)
 
 
-def _curverl_advantage(rewards_pg, valid_pg, state, cfg):
-    del cfg
-    return advantages.curverl(rewards_pg, state, valid_pg)
-
-
-ESTIMATORS: dict[str, Estimator] = {
-    "grpo": _stateless(lambda r, v, cfg: advantages.grpo(r, v, scale="std")),
-    "dr_grpo": _stateless(lambda r, v, cfg: advantages.grpo(r, v, scale="none")),
-    "loo": _stateless(lambda r, v, cfg: advantages.loo(r, v)),
-    "maxrl": _stateless(lambda r, v, cfg: advantages.maxrl(r, v, eps=cfg.maxrl_eps)),
-    "reinforce": _stateless(lambda r, v, cfg: advantages.reinforce(r, v)),
-    "curverl": Estimator(
-        init=lambda cfg: advantages.curverl_init(cfg.batch_prompts, window=cfg.curverl_window),
-        advantage=_curverl_advantage),
-    "weighted_grpo": _stateless(_weighted_grpo),
-}
+def make_sim_estimator(name: str, cfg) -> Estimator:
+    """``jaxrl_vr.estimators``' estimator ``name`` for the simulator's batches (binary
+    rewards: the rewards are the successes)."""
+    return make_estimator(name, estimator_settings(name, cfg),
+                          context=EstimatorContext(cfg.batch_prompts, cfg.group_size, 0.5))
 
 
 # ------------------------------------------------------------------------- selection
@@ -239,7 +219,7 @@ def parse_method(name: str) -> MethodSpec:
                 f"({', '.join(SELECTIONS)}, dynamic) and 'pba', joined by '+'.")
     selection = selection or "uniform"
     if estimator is None:
-        estimator = "weighted_grpo" if selection == "pairing" else "grpo"
-    if estimator == "weighted_grpo" and selection != "pairing":
-        raise ValueError(f"method {name!r}: weighted_grpo needs the 'pairing' selection.")
+        estimator = "pair_weighted" if selection == "pairing" else "grpo"
+    if estimator == "pair_weighted" and selection != "pairing":
+        raise ValueError(f"method {name!r}: pair_weighted needs the 'pairing' selection.")
     return MethodSpec(estimator=estimator, selection=selection, pba=pba)

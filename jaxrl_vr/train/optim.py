@@ -42,13 +42,24 @@ class OptimConfig:
     weight_decay: float = 0.0
     grad_clip_norm: float = 1.0
 
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule={self.schedule!r} is not one of {SCHEDULES}.")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}.")
+        if self.schedule != "constant" and self.decay_steps <= self.warmup_steps:
+            raise ValueError(f"decay_steps={self.decay_steps} must exceed warmup_steps={self.warmup_steps} "
+                             f"for schedule={self.schedule!r}: give the total optimizer steps.")
+        for name in ("warmup_steps", "weight_decay", "grad_clip_norm", "end_lr_ratio"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
+        if not (0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0 and self.eps > 0):
+            raise ValueError(f"b1, b2 must lie in [0, 1) and eps > 0, got {self.b1}, {self.b2}, {self.eps}.")
+
 
 def learning_rate_schedule(cfg: OptimConfig) -> optax.Schedule:
-    """Warm-up then the configured decay, as a function of the optimizer step."""
-    if cfg.schedule not in SCHEDULES:
-        raise ValueError(f"optim.schedule={cfg.schedule!r} is not one of {SCHEDULES}.")
-    if cfg.learning_rate <= 0:
-        raise ValueError(f"optim.learning_rate must be > 0, got {cfg.learning_rate}.")
+    """Warm-up then the configured decay, as a function of the optimizer step (the config
+    checked its values when it was built)."""
     peak = cfg.learning_rate
     if cfg.schedule == "constant":
         if cfg.warmup_steps <= 0:
@@ -56,12 +67,6 @@ def learning_rate_schedule(cfg: OptimConfig) -> optax.Schedule:
         return optax.join_schedules(
             [optax.linear_schedule(0.0, peak, cfg.warmup_steps), optax.constant_schedule(peak)],
             [cfg.warmup_steps],
-        )
-    if cfg.decay_steps <= cfg.warmup_steps:
-        raise ValueError(
-            f"optim.decay_steps ({cfg.decay_steps}) must exceed optim.warmup_steps "
-            f"({cfg.warmup_steps}) for schedule={cfg.schedule!r}; set it to the total number "
-            "of optimizer steps."
         )
     end = peak * cfg.end_lr_ratio
     if cfg.schedule == "cosine":

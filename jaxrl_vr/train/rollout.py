@@ -1,18 +1,39 @@
-"""Host steps of a round: prompt encoding, response decoding, scoring and reward shaping.
+"""Rounds: prompts in, scored trajectories out (sampler → decode → verifiers → rewards).
 
-Every formula lives in ``jaxrl_vr.rewards`` (overlong penalty, total reward) and
-``jaxrl_vr.verifiers`` (scores, hack detectors); these helpers adapt them to the round
-sampler's callables (``jaxrl_vr.train.rounds.make_sample_round``).
+* ``encode_prompts`` / ``decode_responses``: text ↔ token ids at a fixed width.
+* ``make_scorer``: the verifier pool (or in-process scoring) as ``score(items, texts)``.
+* ``RoundScorer``: decodes a round's responses, scores them, runs the hack detectors and
+  reports every verifier result to the ``VerifierMonitor``.
+* ``RewardShaper``: R = R_verifier − λ_len·P_overlong − λ_hack·P_hack (SPEC §5, the
+  formulas in ``jaxrl_vr.rewards``), each term kept per sample.
+* ``RoundSampler``: ``for_step(model, key)`` gives one RL step's ``sample_round(prompt_idx,
+  num_samples) -> Trajectory`` (what batch strategies call) and keeps every round it made
+  (``sampled()``: what the tracker and the metrics see).
+* ``VerifierMonitor``: logs verifier errors per step and stops a run whose verifier is broken.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import os
+import time
+from typing import Callable, NamedTuple, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_vr import layout
 from jaxrl_vr import rewards as rewards_lib
+from jaxrl_vr import trajectory as traj_lib
+from jaxrl_vr.hooks import Hook
+from jaxrl_vr.sampling import generate
+from jaxrl_vr.trajectory import RolloutStats, Trajectory
+from jaxrl_vr.verifiers import pool as pool_lib
+from jaxrl_vr.verifiers.hacks import hack_penalties
+
+__all__ = ["RewardShaper", "RoundSampler", "RoundScorer", "SamplingConfig", "VerifierFailure",
+           "VerifierMonitor", "decode_responses", "encode_prompts", "make_scorer",
+           "render_prompt_text"]
 
 
 def render_prompt_text(tokenizer, text: str, *, chat: bool = False,
@@ -62,67 +83,203 @@ def decode_responses(tokenizer, tokens_bt: np.ndarray, mask_bt: np.ndarray) -> l
 
 def make_scorer(num_workers: int, timeout_s: float):
     """(score(items, completions) -> VerifyResult, close())."""
-    from jaxrl_vr.verifiers import pool as pool_lib
-
     if num_workers <= 0:
         return pool_lib.score_serial, lambda: None
     verifier_pool = pool_lib.VerifierPool(num_workers=num_workers, timeout_s=timeout_s)
     return verifier_pool.score, verifier_pool.close
 
 
-def make_round_scorer(items: Sequence, tokenizer, scorer: Callable, *, hack_detectors: Sequence[str] = (),
-                      on_result: Callable | None = None):
-    """``score(prompt_idx_b, tokens_bt, mask_bt, truncated_b) -> (scores_b, hack_b, stats)``.
+# --------------------------------------------------------------------- verifier monitor
+
+
+class VerifierFailure(RuntimeError):
+    """Too many verifier errors for too many steps in a row (the verifier is broken)."""
+
+
+class VerifierMonitor(Hook):
+    """Writes each step's first verifier errors to ``verifier_errors.jsonl`` and stops the
+    run (``VerifierFailure``, after the step is saved) when at least ``error_fraction`` of
+    a step's samples raise for ``error_patience`` steps in a row."""
+
+    def __init__(self, workdir: str, *, error_fraction: float, error_patience: int):
+        self.path = os.path.join(workdir, layout.VERIFIER_ERRORS)
+        self.stop = pool_lib.ErrorStop(error_fraction, error_patience, path=self.path)
+        self.log, self.step, self.failed = None, 0, False
+
+    def begin_step(self, step: int) -> None:
+        if self.log is None:  # the first step of this process: drop rows a resume replays
+            self.log = pool_lib.ErrorLog(self.path, resume_step=step)
+        self.step = step
+
+    def record(self, items, completions, result) -> None:
+        if self.log is not None:
+            self.log.record(self.step, items, completions, result)
+
+    def observe(self, sampled: Trajectory) -> None:
+        self.failed = self.stop.update(int(sampled.stats.verifier_errors),
+                                       int(sampled.stats.generated_samples))
+
+    def after_step(self, step: int) -> None:
+        if self.failed:
+            raise VerifierFailure(self.stop.message)
+
+
+# ------------------------------------------------------------------- scoring and shaping
+
+
+class Scores(NamedTuple):
+    """A round's verifier scores [B], hack flags [B] (None when no detector runs) and counts."""
+
+    scores_b: np.ndarray
+    hack_b: np.ndarray | None
+    stats: RolloutStats
+
+
+class RoundScorer:
+    """``score(prompt_idx_b, tokens_bt, mask_bt, truncated_b) -> Scores``.
 
     Decodes the responses, scores them with ``scorer(items, completions)`` (a VerifierPool's
-    ``score`` or ``score_serial``), and runs the enabled hack detectors (``hack_b`` = 1
-    where any fired; None when none are enabled). ``on_result(items, completions, result)``
-    sees every verifier result (the error log uses it). Stats count statuses and each
-    detector's firing rate.
+    ``score`` or ``score_serial``), runs the enabled hack detectors (``hack_b`` = 1 where
+    any fired) and hands every verifier result to ``on_result`` (the verifier monitor).
     """
 
-    def score(prompt_idx_b, tokens_bt, mask_bt, truncated_b):
-        completions = decode_responses(tokenizer, tokens_bt, mask_bt)
-        items_b = [items[i] for i in prompt_idx_b]
-        result = scorer(items_b, completions)
-        if on_result is not None:
-            on_result(items_b, completions, result)
-        statuses = list(result.statuses)
-        stats = {}
-        stats["verifier_errors"] = float(sum(s == "error" for s in statuses))
-        stats["verifier_timeouts"] = float(sum(s == "timeout" for s in statuses))
-        stats["verifier_unparsable"] = float(sum(s == "unparsable" for s in statuses))
-        hack_b = None
-        if hack_detectors:
-            from jaxrl_vr.verifiers.hacks import hack_penalties
+    def __init__(self, items: Sequence, tokenizer, scorer: Callable, *,
+                 hack_detectors: Sequence[str] = (), on_result: Callable | None = None):
+        self.items, self.tokenizer, self.scorer = list(items), tokenizer, scorer
+        self.hack_detectors, self.on_result = tuple(hack_detectors), on_result
 
+    def __call__(self, prompt_idx_b, tokens_bt, mask_bt, truncated_b) -> Scores:
+        completions = decode_responses(self.tokenizer, tokens_bt, mask_bt)
+        items_b = [self.items[i] for i in prompt_idx_b]
+        result = self.scorer(items_b, completions)
+        if self.on_result is not None:
+            self.on_result(items_b, completions, result)
+        statuses = list(result.statuses)
+        hack_b, counts = None, ()
+        if self.hack_detectors:
             hack_b, flags = hack_penalties([it.prompt for it in items_b], completions,
                                            truncated_b=truncated_b,
                                            golds=[it.answer for it in items_b],
-                                           enabled=tuple(hack_detectors))
-            for name, fired in flags.items():
-                stats[f"hack/{name}"] = float(np.sum(fired))
-        return np.asarray(result.scores, np.float32), hack_b, stats
+                                           enabled=self.hack_detectors)
+            counts = tuple(sorted((name, float(np.sum(fired))) for name, fired in flags.items()))
+        stats = RolloutStats(verifier_errors=float(statuses.count("error")),
+                             verifier_timeouts=float(statuses.count("timeout")),
+                             verifier_unparsable=float(statuses.count("unparsable")),
+                             detector_counts=counts)
+        return Scores(np.asarray(result.scores, np.float32), hack_b, stats)
 
-    return score
 
+class RewardShaper:
+    """``(scores_b, length_b, hack_b) -> (rewards_b, overlong_b, hack_term_b)``: the reward
+    and its penalty terms −λ_len·P_overlong and −λ_hack·P_hack (``rewards.total_reward``)."""
 
-def make_reward_shaper(*, max_len: int, overlong_cache_len: int = 0, overlong_coef: float = 1.0,
-                       hack_coef: float = 0.0):
-    """``shape(scores_b, length_b, hack_b) -> (rewards_b, stats)``: R = R_verifier −
-    λ_len·P_overlong − λ_hack·P_hack (SPEC §5, ``rewards.total_reward``); each term's sum
-    is in the stats (``reward_terms/...``) so it is logged separately."""
+    def __init__(self, *, max_len: int, overlong_cache_len: int = 0, overlong_coef: float = 1.0,
+                 hack_coef: float = 0.0):
+        self.max_len, self.overlong_cache_len = max_len, overlong_cache_len
+        self.overlong_coef, self.hack_coef = overlong_coef, hack_coef
 
-    def shape(scores_b, length_b, hack_b):
+    def __call__(self, scores_b, length_b, hack_b):
         overlong_b = None
-        if overlong_cache_len > 0:
-            overlong_b = rewards_lib.overlong_penalty(jnp.asarray(length_b), max_len=max_len,
-                                                      cache_len=overlong_cache_len)
+        if self.overlong_cache_len > 0:
+            overlong_b = rewards_lib.overlong_penalty(jnp.asarray(length_b), max_len=self.max_len,
+                                                      cache_len=self.overlong_cache_len)
         reward_b, terms = rewards_lib.total_reward(
             jnp.asarray(scores_b), overlong_b=overlong_b,
-            hack_b=None if hack_coef == 0 or hack_b is None else jnp.asarray(hack_b),
-            len_coef=overlong_coef, hack_coef=hack_coef)
-        stats = {f"reward_terms/{name}": float(jnp.sum(value)) for name, value in terms.items()}
-        return np.asarray(reward_b, np.float32), stats
+            hack_b=None if self.hack_coef == 0 or hack_b is None else jnp.asarray(hack_b),
+            len_coef=self.overlong_coef, hack_coef=self.hack_coef)
+        return (np.asarray(reward_b, np.float32), np.asarray(terms["overlong"], np.float32),
+                np.asarray(terms["hack"], np.float32))
 
-    return shape
+
+# ------------------------------------------------------------------------- the sampler
+
+
+class SamplingConfig(NamedTuple):
+    """How rounds are sampled (``jaxrl_vr.sampling.generate``'s arguments)."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_token_ids: tuple = ()
+    pad_id: int = 0
+
+
+class RoundSampler:
+    """Samples and scores rounds of the training prompts (tokenized once).
+
+    Args:
+      prompt_tokens_ns, prompt_mask_ns: every training prompt, left-padded to one width.
+      score: ``RoundScorer`` (or any callable with its signature).
+      shape_rewards: ``RewardShaper`` (or any callable with its signature).
+      sampling: SamplingConfig.
+      min_prompts: a round with fewer prompts is padded (by repeating its last prompt) to
+        ``min(min_prompts, next power of two)`` rows for the sampler, so partial rounds
+        compile for O(log P) shapes; padding rows never reach scoring or the budget.
+      generate_fn: the sampler (``jaxrl_vr.sampling.generate``; a stub in tests).
+    """
+
+    def __init__(self, prompt_tokens_ns, prompt_mask_ns, *, score: Callable, shape_rewards: Callable,
+                 sampling: SamplingConfig, min_prompts: int, generate_fn: Callable = generate):
+        self.prompt_tokens_ns, self.prompt_mask_ns = prompt_tokens_ns, prompt_mask_ns
+        self.score, self.shape_rewards, self.sampling = score, shape_rewards, sampling
+        self.min_prompts, self.generate_fn = int(min_prompts), generate_fn
+
+    def for_step(self, model, key: jax.Array) -> "StepRounds":
+        """The round sampler of one RL step: this policy, keys split from ``key``."""
+        return StepRounds(self, model, key)
+
+    def sample(self, model, key: jax.Array, prompt_idx: np.ndarray, num_samples: int) -> Trajectory:
+        """G = ``num_samples`` scored samples of each prompt in ``prompt_idx``."""
+        idx = np.asarray(prompt_idx, np.int64).reshape(-1)
+        num_real, num_g = idx.shape[0], int(num_samples)
+        num_rows = min(max(self.min_prompts, num_real), 1 << max(num_real - 1, 0).bit_length())
+        rows = np.concatenate([idx, np.repeat(idx[-1:], num_rows - num_real)])
+        prompt_tokens_ps, prompt_mask_ps = self.prompt_tokens_ns[rows], self.prompt_mask_ns[rows]
+        s = self.sampling
+        t0 = time.perf_counter()
+        rollout = self.generate_fn(key, model, prompt_tokens_ps, prompt_mask_ps, num_samples=num_g,
+                                   max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+                                   top_p=s.top_p, top_k=s.top_k, stop_token_ids=s.stop_token_ids,
+                                   pad_id=s.pad_id)
+        real = num_real * num_g
+        tokens_bt = np.asarray(rollout.tokens_bt)[:real]
+        mask_bt = np.asarray(rollout.mask_bt, bool)[:real]
+        length_b = np.asarray(rollout.length_b)[:real].astype(np.int32)
+        truncated_b = np.asarray(rollout.truncated_b, bool)[:real]
+        t1 = time.perf_counter()
+        scored = self.score(np.repeat(idx, num_g), tokens_bt, mask_bt, truncated_b)
+        rewards_b, overlong_b, hack_b = self.shape_rewards(scored.scores_b, length_b, scored.hack_b)
+        t2 = time.perf_counter()
+        stats = scored.stats + RolloutStats(generated_tokens=float(length_b.sum()),
+                                            generated_samples=float(real), rounds=1,
+                                            sample_s=t1 - t0, verify_s=t2 - t1)
+        return Trajectory.single_turn(
+            prompt_idx_p=idx, prompt_tokens_ps=prompt_tokens_ps[:num_real],
+            prompt_mask_ps=prompt_mask_ps[:num_real], tokens_bt=tokens_bt, mask_bt=mask_bt,
+            sampler_logp_bt=np.asarray(rollout.logp_bt, np.float32)[:real], length_b=length_b,
+            truncated_b=truncated_b, scores_b=scored.scores_b, rewards_b=rewards_b,
+            overlong_b=overlong_b, hack_b=hack_b, stats=stats)
+
+
+class StepRounds:
+    """One RL step's rounds: ``sample_round`` for the batch strategy; ``sampled()`` joins
+    every round it made (groups widened to the largest G)."""
+
+    def __init__(self, sampler: RoundSampler, model, key: jax.Array):
+        self.sampler, self.model, self.key = sampler, model, key
+        self.rounds: list[Trajectory] = []
+
+    def sample_round(self, prompt_idx: np.ndarray, num_samples: int) -> Trajectory:
+        self.key, sub = jax.random.split(self.key)
+        round_ = self.sampler.sample(self.model, sub, prompt_idx, num_samples)
+        self.rounds.append(round_)
+        return round_
+
+    def sampled(self) -> Trajectory:
+        """Every sample of the step as one trajectory."""
+        if not self.rounds:
+            raise ValueError("the batch strategy sampled no round this step.")
+        width = max(r.group_size for r in self.rounds)
+        return traj_lib.concat_groups([traj_lib.widen(r, width) for r in self.rounds])
+

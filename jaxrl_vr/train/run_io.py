@@ -2,17 +2,8 @@
 
 Everything that evaluates or compares runs goes through ``load_run`` and
 ``read_run_stats``, so a change of the workdir layout is a change of this file only.
-Layout read here (written by ``jaxrl_vr.train.pipeline.run_pipeline``):
-
-  config.json              PipelineConfig.to_dict()
-  base/                    Checkpointer: SFT base params of the builtin model (host {"digest", "info"});
-                           other model sources reload the base from model.path
-  base_calibration.json    {"counts": [P], "n": n_cal, ...} independent base samples
-  checkpoints/             Checkpointer: the loop state {"train": TrainState, "key", "estimator"} + host
-  budget_checkpoints/      the same, kept at rl.budget_fractions of rl.token_budget (never rotated)
-  budget_checkpoints.json  {"marks": [{"fraction", "step", "token_budget", "generated_tokens"}]}
-  summary.json             written when the run (RL + final evaluation) is complete
-  metrics.jsonl            per-step metrics (budget/* fields, cumulative)
+The file names are ``jaxrl_vr.layout``'s; a config.json of the flat layout before the
+config sections is read through ``train.config.upgrade_legacy``.
 """
 
 from __future__ import annotations
@@ -24,7 +15,14 @@ from typing import Any, NamedTuple
 import numpy as np
 from flax import nnx
 
-from jaxrl_vr.train.workdir import BUDGET_CHECKPOINTS, read_budget_marks
+from jaxrl_vr import layout
+from jaxrl_vr.eval.plots import read_metrics_jsonl
+from jaxrl_vr.train import sources
+from jaxrl_vr.train.checkpoint import Checkpointer
+from jaxrl_vr.train.config import load_config
+from jaxrl_vr.train.update import make_update
+from jaxrl_vr.train.step import split_model
+from jaxrl_vr.train.workdir import read_budget_marks
 
 __all__ = [
     "CheckpointNotFoundError",
@@ -103,7 +101,7 @@ def _workdir(workdir: str | os.PathLike) -> str:
     workdir = os.path.abspath(os.fspath(workdir))
     if not os.path.isdir(workdir):
         raise RunNotFoundError(f"workdir {workdir} does not exist; pass the --workdir of a training run.")
-    if not os.path.isfile(os.path.join(workdir, "config.json")):
+    if not os.path.isfile(os.path.join(workdir, layout.CONFIG)):
         raise RunNotFoundError(
             f"workdir {workdir} has no config.json: it is not a run written by experiments.train."
         )
@@ -116,10 +114,8 @@ def read_config(workdir: str | os.PathLike):
     Raises:
       RunNotFoundError: no such run.
     """
-    from jaxrl_vr.train.config import PipelineConfig
-
-    with open(os.path.join(_workdir(workdir), "config.json")) as f:
-        return PipelineConfig.from_dict(json.load(f))
+    with open(os.path.join(_workdir(workdir), layout.CONFIG)) as f:
+        return load_config(json.load(f))
 
 
 def _complete_steps(directory: str) -> list[int]:
@@ -132,8 +128,8 @@ def _complete_steps(directory: str) -> list[int]:
 def checkpoint_steps(workdir: str | os.PathLike) -> list[int]:
     """RL steps with a saved checkpoint (rotating or budget-fraction), ascending."""
     workdir = _workdir(workdir)
-    return sorted(set(_complete_steps(os.path.join(workdir, "checkpoints")))
-                  | set(_complete_steps(os.path.join(workdir, BUDGET_CHECKPOINTS))))
+    return sorted(set(_complete_steps(os.path.join(workdir, layout.CHECKPOINTS)))
+                  | set(_complete_steps(os.path.join(workdir, layout.BUDGET_CHECKPOINTS))))
 
 
 def budget_marks(workdir: str | os.PathLike) -> list[dict]:
@@ -163,18 +159,14 @@ def load_run(workdir: str | os.PathLike, checkpoint: str | int = "final") -> Loa
       RunNotFoundError: no such run.
       CheckpointNotFoundError: no such checkpoint (the message lists those available).
     """
-    from jaxrl_vr.train import sources
-    from jaxrl_vr.train.loop import initial_loop_state
-    from jaxrl_vr.train.step import split_model
-
     workdir = _workdir(workdir)
     which = _parse_checkpoint(checkpoint)
     cfg = read_config(workdir)
-    ckpt_dir = os.path.join(workdir, "checkpoints")
+    ckpt_dir = os.path.join(workdir, layout.CHECKPOINTS)
     steps = _complete_steps(ckpt_dir)
-    budget_dir = os.path.join(workdir, BUDGET_CHECKPOINTS)
+    budget_dir = os.path.join(workdir, layout.BUDGET_CHECKPOINTS)
     budget_steps = _complete_steps(budget_dir)
-    base_dir = os.path.join(workdir, "base")
+    base_dir = os.path.join(workdir, layout.BASE)
     if which == "base":
         if cfg.model.source == "builtin" and not _complete_steps(base_dir):
             raise CheckpointNotFoundError(f"workdir {workdir} has no base checkpoint (base/ is missing or empty).")
@@ -199,10 +191,8 @@ def load_run(workdir: str | os.PathLike, checkpoint: str | int = "final") -> Loa
     model, tokenizer = policy.model, policy.tokenizer
     step = 0
     if which != "base":
-        from jaxrl_vr.train.checkpoint import Checkpointer
-
-        _, params, _ = split_model(model)
-        template = initial_loop_state(params, rl=cfg.rl, loss=cfg.loss, optim=cfg.optim)._asdict()
+        graphdef, params, _ = split_model(model)
+        template = make_update(cfg, graphdef, params, kl_in_loss=False).initial_state._asdict()
         ckpt = Checkpointer(ckpt_dir, max_to_keep=None)
         try:
             state, _, step = ckpt.restore(template, which)
@@ -211,7 +201,7 @@ def load_run(workdir: str | os.PathLike, checkpoint: str | int = "final") -> Loa
         nnx.update(model, state["train"].params)
 
     calibration_counts, calibration_n = None, 0
-    path = os.path.join(workdir, "base_calibration.json")
+    path = os.path.join(workdir, layout.BASE_CALIBRATION)
     if cfg.eval.base_calibration_samples > 0 and os.path.isfile(path):
         with open(path) as f:
             stored = json.load(f)
@@ -239,14 +229,11 @@ def _number(value: Any) -> float:
     return float("nan")
 
 
-CALIBRATION_FILES = ("base_train_calibration.json", "pairing_calibration.json")
-
-
 def _calibration_files_tokens(workdir: str) -> float:
     """Tokens recorded by the training-prompt calibration caches (runs older than the
     ``budget.calibration_tokens`` field)."""
     total = 0.0
-    for name in CALIBRATION_FILES:
+    for name in layout.TRAIN_CALIBRATIONS:
         path = os.path.join(workdir, name)
         if os.path.isfile(path):
             with open(path) as f:
@@ -257,7 +244,7 @@ def _calibration_files_tokens(workdir: str) -> float:
 def read_run_stats(workdir: str | os.PathLike) -> RunStats:
     """Token and time cost of a run, from summary.json (complete) or metrics.jsonl (running)."""
     workdir = _workdir(workdir)
-    summary_path = os.path.join(workdir, "summary.json")
+    summary_path = os.path.join(workdir, layout.SUMMARY)
     if os.path.isfile(summary_path):
         with open(summary_path) as f:
             summary = json.load(f)
@@ -272,9 +259,7 @@ def read_run_stats(workdir: str | os.PathLike) -> RunStats:
             calibration_tokens=(_number(budget["calibration_tokens"]) if "calibration_tokens" in budget
                                 else _calibration_files_tokens(workdir)),
         )
-    from jaxrl_vr.eval.plots import read_metrics_jsonl
-
-    metrics_path = os.path.join(workdir, "metrics.jsonl")
+    metrics_path = os.path.join(workdir, layout.METRICS)
     rows = read_metrics_jsonl(metrics_path) if os.path.isfile(metrics_path) else []
     last = rows[-1] if rows else {}
     return RunStats(

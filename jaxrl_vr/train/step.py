@@ -65,7 +65,7 @@ class LossConfig:
       log_ratio_low, log_ratio_high: outer truncation of the log-ratio before the surrogate
         (MAI-style guard), both None = off.
       kl_beta: β of the reference KL(π‖π_ref) on every response token (0 = off). PBA's
-        per-prompt anchor weight is separate (``rl.anchor_weight``).
+        per-prompt anchor weight is separate (``rl.anchor.weight``).
       kl_kind: "k1", "k2" or "k3" (SPEC §3.6).
       kl_aggregation: reduction mode of the KL term.
       entropy: "none"; "bonus" (loss −= entropy_coef·H); "feedback" (the entropy-feedback
@@ -238,14 +238,17 @@ class StepHyper(NamedTuple):
 
 
 class RolloutBatch(NamedTuple):
-    """One (mini)batch of responses for the loss; B responses, S prompt and T response tokens.
+    """The rows of a trajectory the loss reads; B responses, S prompt and T response tokens
+    (``jaxrl_vr.train.batch.rollout_batch`` makes one from a ``Trajectory``).
 
     Attributes:
       prompt_tokens_bs: int32 [B, S], left-padded prompts (repeated per sample).
       prompt_mask_bs: bool [B, S].
-      tokens_bt: int32 [B, T] response tokens.
-      mask_bt: bool [B, T], True for response tokens that count (incl. the stop token).
-      adv_b: float32 [B] advantage of each response.
+      tokens_bt: int32 [B, T] tokens after the prompt (sampled, or written by an environment).
+      mask_bt: bool [B, T], tokens that exist: the policy attends to them.
+      loss_mask_bt: bool [B, T], tokens the policy sampled (incl. its stop token): the only
+        ones the loss, KL, entropy and their token counts see (SPEC §6b).
+      adv_bt: float32 [B, T] advantage of each token (an outcome advantage broadcast).
       behaviour_logp_bt: float32 [B, T] log π_old recomputed by the trainer at rollout time.
       reference_logp_bt: float32 [B, T] log π_ref of the frozen reference (zeros if no KL).
       kl_weight_b: float32 [B] extra KL weight of each response on top of β: λ_PBA on
@@ -258,7 +261,8 @@ class RolloutBatch(NamedTuple):
     prompt_mask_bs: jax.Array
     tokens_bt: jax.Array
     mask_bt: jax.Array
-    adv_b: jax.Array
+    loss_mask_bt: jax.Array
+    adv_bt: jax.Array
     behaviour_logp_bt: jax.Array
     reference_logp_bt: jax.Array
     kl_weight_b: jax.Array
@@ -385,13 +389,13 @@ def _upper_eps(cfg: LossConfig, hyper: StepHyper, controller):
 def _microbatch_loss_terms(model, mb: RolloutBatch, hyper: StepHyper, controller, cfg: LossConfig,
                            prefix=None, unembed=None):
     """Per-micro-batch (numerator, denominator) of each loss term + metric sums."""
-    mask_bt = mb.mask_bt.astype(bool)
+    mask_bt = mb.loss_mask_bt.astype(bool)  # the policy's own tokens: what every term counts
     logp_bt, entropy_bt = response_logprobs(
         model,
         mb.prompt_tokens_bs,
         mb.prompt_mask_bs,
         mb.tokens_bt,
-        mask_bt,
+        mb.mask_bt.astype(bool),
         chunk_size=cfg.logprob_chunk_size,
         with_entropy=True,
         temperature=hyper.temperature,
@@ -406,7 +410,7 @@ def _microbatch_loss_terms(model, mb: RolloutBatch, hyper: StepHyper, controller
         old_logp_bt = jax.lax.stop_gradient(
             jnp.where(mask_bt, mb.behaviour_logp_bt.astype(jnp.float32), 0.0)
         )
-    adv_b = jax.lax.stop_gradient(mb.adv_b.astype(jnp.float32))
+    adv_bt = jax.lax.stop_gradient(jnp.where(mask_bt, mb.adv_bt.astype(jnp.float32), 0.0))
     if cfg.ratio == "token":
         log_ratio_bt = ratios.token_log_ratio(logp_bt, old_logp_bt)
     elif cfg.ratio == "sequence":
@@ -417,7 +421,7 @@ def _microbatch_loss_terms(model, mb: RolloutBatch, hyper: StepHyper, controller
     eps_high = _upper_eps(cfg, hyper, controller)
     loss_bt, info = losses.clipped_surrogate(
         log_ratio_bt,
-        adv_b[:, None],
+        adv_bt,
         eps_low=hyper.eps_low,
         eps_high=eps_high,
         dual_clip=hyper.dual_clip if cfg.dual_clip is not None else None,
@@ -461,7 +465,7 @@ def loss_denominators(batch: RolloutBatch, cfg: LossConfig):
     They depend only on masks, so they are computed once per optimizer step and every
     micro-batch divides its numerator by the full-batch denominator (SPEC §3.5).
     """
-    mask_bt = batch.mask_bt.astype(bool)
+    mask_bt = batch.loss_mask_bt.astype(bool)
     zeros_bt = jnp.zeros(mask_bt.shape, jnp.float32)
     _, policy_den = losses.aggregate(zeros_bt, mask_bt, mode=cfg.aggregation, max_len=cfg.max_len)
     _, kl_den = losses.aggregate(zeros_bt, mask_bt, mode=cfg.kl_aggregation, max_len=cfg.max_len)

@@ -11,28 +11,26 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
+
+from jaxrl_vr import layout
+from jaxrl_vr.atomic import write_json
+from jaxrl_vr.train.budget import Budget, BudgetConfig
 
 # Keys that may differ between the run that wrote a workdir and a resume of it.
 RESUMABLE_KEYS = (
     "run.",
     "rl.steps",
-    "rl.token_budget",
-    "rl.budget_fractions",
+    "rl.budget.tokens",
+    "rl.budget.fractions",
     "rl.checkpoint_every",
     "rl.max_to_keep",
-    "rl.verifier_workers",
-    "rl.verifier_timeout_s",
+    "rl.verifier.workers",
+    "rl.verifier.timeout_s",
     "eval.prompts_per_chunk",
 )
-
-
-# Kept budget-fraction states (a Checkpointer directory) and their marks
-# {"marks": [{"fraction", "step", "token_budget", "generated_tokens"}]}.
-BUDGET_CHECKPOINTS = "budget_checkpoints"
-BUDGET_MARKS = BUDGET_CHECKPOINTS + ".json"
 
 
 class WorkdirError(RuntimeError):
@@ -67,22 +65,46 @@ def check_workdir(workdir: str) -> str:
     return workdir
 
 
-def prepare_workdir(workdir: str, config_tree: dict, defaults: dict | None = None) -> str:
+class RunDir(NamedTuple):
+    """A prepared workdir: its path, and the summary of the run in it when that run is
+    finished (all ``steps`` done, or its budget spent); None otherwise."""
+
+    path: str
+    finished: dict | None
+
+
+def finished_summary(workdir: str, steps: int, budget: BudgetConfig) -> dict | None:
+    """summary.json of a finished run in ``workdir`` (``steps`` done or ``budget`` spent), or None."""
+    path = os.path.join(workdir, layout.SUMMARY)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        summary = json.load(f)
+    done = summary.get("rl_steps", -1) >= steps
+    budget_done = Budget.from_dict(summary.get("budget", {})).spent(budget)
+    return summary if summary.get("finished") and (done or budget_done) else None
+
+
+def prepare_workdir(workdir: str, config_tree: dict, defaults: dict | None = None, *,
+                    upgrade: Callable[[dict], dict] = lambda tree: tree, steps: int = 0,
+                    budget: BudgetConfig = BudgetConfig()) -> RunDir:
     """Creates the workdir or checks it belongs to this config; writes config.json.
 
     A key the stored config lacks (written before the key existed) matches when the new
     value equals its default in ``defaults`` (the config tree of the defaults), so a
     workdir from an older version resumes unless the new key is actually changed.
+    ``upgrade`` translates a stored config of an older layout to today's first. ``steps``
+    and ``budget`` say when a run is finished (``RunDir.finished``).
 
     Raises:
       WorkdirError: ``workdir`` is (under) a file, or holds a run whose config differs in a
         key that changes results (the message lists each differing key with both values).
     """
     workdir = check_workdir(workdir)
-    path = os.path.join(workdir, "config.json")
+    path = os.path.join(workdir, layout.CONFIG)
     if os.path.exists(path):
         with open(path) as f:
-            stored = json.load(f)
+            stored = upgrade(json.load(f))
         a, b = flatten(stored), flatten(config_tree)
         default = flatten(defaults or {})
         diffs = [k for k in sorted(set(a) | set(b))
@@ -92,25 +114,19 @@ def prepare_workdir(workdir: str, config_tree: dict, defaults: dict | None = Non
             lines = "; ".join(f"{k}: workdir has {a.get(k)!r}, config has {b.get(k)!r}" for k in diffs)
             raise WorkdirError(f"--workdir {workdir} holds a run with a different config ({lines}). "
                                "Resume with the original config, or choose a new --workdir.")
-    elif os.path.isdir(os.path.join(workdir, "checkpoints")) and os.listdir(
-            os.path.join(workdir, "checkpoints")):
+    elif os.path.isdir(os.path.join(workdir, layout.CHECKPOINTS)) and os.listdir(
+            os.path.join(workdir, layout.CHECKPOINTS)):
         raise WorkdirError(f"--workdir {workdir} has checkpoints but no config.json: it was not "
                            "written by this pipeline. Choose a new --workdir.")
+    finished = finished_summary(workdir, steps, budget)
     os.makedirs(workdir, exist_ok=True)
     write_json(path, config_tree)
-    return workdir
-
-
-def write_json(path: str, tree: Any) -> None:
-    """Atomic JSON write (a crash never leaves a half file)."""
-    with open(path + ".tmp", "w") as f:
-        json.dump(tree, f, indent=2, sort_keys=True)
-    os.replace(path + ".tmp", path)
+    return RunDir(workdir, finished)
 
 
 def read_budget_marks(workdir: str) -> list[dict]:
     """The budget-fraction marks of a workdir ([] when it has none)."""
-    path = os.path.join(workdir, BUDGET_MARKS)
+    path = os.path.join(workdir, layout.BUDGET_MARKS)
     if not os.path.isfile(path):
         return []
     with open(path) as f:

@@ -12,12 +12,13 @@ pool, a verifier must be importable (a module-level function) so workers can loa
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import math
 import re
 from collections.abc import Callable
 from typing import Any
+
+from jaxrl_vr.registry import did_you_mean
 
 __all__ = [
     "STATUSES", "VerifierFn", "register_verifier", "get_verifier", "registered_verifiers",
@@ -57,9 +58,7 @@ def _resolve(name: str, fn: VerifierFn | str) -> VerifierFn:
 def unknown_verifier_message(name: Any) -> str:
     """Names the unknown verifier, the closest registered name, all of them and how to add one."""
     known = sorted(registered_verifiers())
-    close = difflib.get_close_matches(str(name), known, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return (f"Unknown verifier {name!r}{hint}; registered: {known}. Register it before the run starts with "
+    return (f"Unknown verifier {name!r}{did_you_mean(str(name), known)}; registered: {known}. Register it before the run starts with "
             f"jaxrl_vr.verifiers.register_verifier({str(name)!r}, fn) where fn is a module-level function "
             "(item, completion) -> score | (score, status), or an import path 'my_pkg.my_module:my_fn'.")
 

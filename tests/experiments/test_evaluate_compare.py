@@ -117,8 +117,8 @@ def test_compare_table_paired_differences_and_resume(smoke_run, tmp_path):
     evaluated = str(tmp_path / "evaluated")
     shutil.copytree(smoke_run, evaluated)
     ev = evaluate_cli.evaluate_run(evaluated, "final", num_samples=4, log=lambda s: None)
-    arms = [compare.parse_arm("a", "cfg.py"), compare.parse_arm("b=rl.advantage=loo config=x.py:smoke", "cfg.py")]
-    assert arms[1] == compare.Arm("b", "x.py:smoke", ("rl.advantage=loo",))
+    arms = [compare.parse_arm("a", "cfg.py"), compare.parse_arm("b=rl.estimator=loo config=x.py:smoke", "cfg.py")]
+    assert arms[1] == compare.Arm("b", "x.py:smoke", ("rl.estimator=loo",))
     for arm, shift in (("a", 0.0), ("b", 0.1)):
         for seed in (0, 1):
             workdir = compare.run_dir(str(root), arm, seed)
@@ -169,7 +169,7 @@ def test_compare_table_paired_differences_and_resume(smoke_run, tmp_path):
     assert os.path.isfile(paths["passk"]) and os.path.isfile(paths["regimes"])
     # The commands a missing run would get: one process per run, seed and budget passed.
     cmd = compare.train_command(arms[1], 3, "/w", 5000)
-    assert cmd[-3:] == ["--config.rl.advantage=loo", "--config.seed=3", "--config.rl.token_budget=5000"]
+    assert cmd[-3:] == ["--config.rl.estimator=loo", "--config.seed=3", "--config.rl.budget.tokens=5000"]
     assert "--config=x.py:smoke" in cmd
 
 
@@ -182,9 +182,9 @@ def test_compare_grid_schedules_donors_first_shares_bases_and_evaluates_fraction
 
     root = str(tmp_path / "grid")
     arms = compare.with_common(
-        [compare.parse_arm("a", "cfg.py"), compare.parse_arm("b=rl.advantage=loo", "cfg.py"),
+        [compare.parse_arm("a", "cfg.py"), compare.parse_arm("b=rl.estimator=loo", "cfg.py"),
          compare.parse_arm("c=sft.steps=5", "cfg.py")], "rl.steps=9", "cfg.py")
-    assert arms[1].overrides == ("rl.steps=9", "rl.advantage=loo")
+    assert arms[1].overrides == ("rl.steps=9", "rl.estimator=loo")
     assert compare.shares_base(arms[1], arms[0]) and not compare.shares_base(arms[2], arms[0])
     plan = compare.plan_jobs(root, arms, [0, 1], share_base=True)
     assert [(j.arm.name, j.seed, j.donor is not None) for j in plan] == [
@@ -201,7 +201,7 @@ def test_compare_grid_schedules_donors_first_shares_bases_and_evaluates_fraction
         with lock:
             events.append((kind, workdir, "start"))
         if kind == "train":
-            assert any(c.startswith("--config.rl.budget_fractions=(0.5,") for c in cmd)
+            assert any(c.startswith("--config.rl.budget.fractions=(0.5,") for c in cmd)
             seen_base[workdir] = sorted(os.listdir(workdir)) if os.path.isdir(workdir) else []
             os.makedirs(os.path.join(workdir, "base"), exist_ok=True)
             for name, tree in (("config.json", {}), ("base_eval.json", {"digest": workdir}),
@@ -239,7 +239,7 @@ def test_compare_grid_schedules_donors_first_shares_bases_and_evaluates_fraction
 
 
 def test_compare_grid_stops_on_a_failed_run(tmp_path):
-    arms = [compare.parse_arm("a", "cfg.py"), compare.parse_arm("b=rl.advantage=loo", "cfg.py")]
+    arms = [compare.parse_arm("a", "cfg.py"), compare.parse_arm("b=rl.estimator=loo", "cfg.py")]
     launched = []
 
     def runner(cmd, log_path):
@@ -250,3 +250,19 @@ def test_compare_grid_stops_on_a_failed_run(tmp_path):
         compare.run_grid(str(tmp_path), arms, [0], token_budget=None, num_samples=4, jobs=2,
                          share_base=True, runner=runner, log=lambda s: None)
     assert len(launched) == 1  # b waits for its donor a, which failed: b never starts
+
+
+def test_compare_checks_every_arm_before_any_run(tmp_path):
+    """A mistyped or moved key in one arm fails at once, naming the arm and the key."""
+    smoke = "experiments/configs/default.py:smoke"
+    good = compare.parse_arm("good=rl.estimator=loo", smoke)
+    compare.check_arm(good, 0, 1000, (0.5,))
+    with pytest.raises(ValueError, match=r"--arm=typo: unknown config key 'rl.estimatr'"):
+        compare.check_arm(compare.parse_arm("typo=rl.estimatr=loo", smoke), 0, None)
+    with pytest.raises(ValueError, match=r"--arm=old: config key 'rl.advantage' moved: rl.estimator.name"):
+        compare.check_arm(compare.parse_arm("old=rl.advantage=loo", smoke), 0, None)
+    proc = subprocess.run([sys.executable, "-m", "experiments.compare", f"--root={tmp_path / 'r'}",
+                           f"--config={smoke}", "--arm=a", "--arm=b=rl.advantag=loo"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--arm=b" in proc.stderr and "rl.advantag" in proc.stderr
+    assert not (tmp_path / "r").exists()  # nothing trained

@@ -8,7 +8,10 @@ import sys
 import pytest
 
 from experiments.configs import default as default_config
-from jaxrl_vr.train.pipeline import PipelineConfig, WorkdirError, run_pipeline
+from jaxrl_vr.config_tree import ConfigError
+from jaxrl_vr.train.config import PipelineConfig
+from jaxrl_vr.train.pipeline import run_pipeline
+from jaxrl_vr.train.workdir import WorkdirError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -23,7 +26,7 @@ def test_every_config_field_maps_to_the_pipeline_config():
 def test_unknown_key_in_dict_names_the_dotted_key():
     tree = default_config.get_config("smoke").to_dict()
     tree["rl"]["stepz"] = 3
-    with pytest.raises(KeyError, match=r"rl\.stepz"):
+    with pytest.raises(ConfigError, match=r"rl\.stepz.*did you mean 'rl\.steps'"):
         PipelineConfig.from_dict(tree)
 
 
@@ -103,8 +106,8 @@ def test_smoke_run_writes_summary_metrics_plots_and_resumes(tmp_path):
 
     # A changed algorithm key on the same workdir is a clear error naming the key.
     tree = default_config.get_config("smoke").to_dict()
-    tree["rl"]["advantage"] = "loo"
-    with pytest.raises(WorkdirError, match=r"rl\.advantage"):
+    tree["rl"]["estimator"] = "loo"
+    with pytest.raises(WorkdirError, match=r"rl\.estimator\.name"):
         run_pipeline(PipelineConfig.from_dict(tree), workdir, log=lines.append)
     # A workdir that is a file is a clear error too.
     bad = tmp_path / "file"
@@ -134,28 +137,30 @@ def test_bad_config_is_rejected_before_the_workdir_is_touched(tmp_path):
     tree = default_config.get_config("smoke").to_dict()
     tree["task"]["levels"] = (0, 9)
     workdir = tmp_path / "w"
-    with pytest.raises(ValueError, match=r"task\.levels"):
+    with pytest.raises(ValueError, match=r"task\.levels=\[0, 9\]"):
         run_pipeline(PipelineConfig.from_dict(tree), str(workdir), log=lambda line: None)
     assert not workdir.exists()
 
 
 @pytest.mark.parametrize("override,match", [
     ({"rl": {"samples_per_prompt": 1}}, "every advantage is 0"),
-    ({"rl": {"anchor": "above"}}, "anchor_weight"),
-    ({"rl": {"advantage": "pair_weighted"}}, "rl.pairing=True"),
-    ({"rl": {"two_stage": True, "dynamic_sampling": True}}, "exclusive"),
-    ({"model": {"source": "hf"}}, "model.path"),
+    ({"rl": {"anchor": {"weight": 0.0}}}, r"rl\.anchor\.weight .*> 0"),
+    ({"rl": {"estimator": "pair_weighted"}}, "rl.pairing"),
+    ({"rl": {"pairing": {}, "batch_strategy": "dynamic"}}, "batch_strategy=plain"),
+    ({"rl": {"batch_strategy": {"name": "two_stage", "probe": 5}}}, "probe=5"),
+    ({"model": {"source": "hf"}}, r"model\.source='hf' needs path"),
     ({"task": {"name": "reasoning_gym"}}, "real model"),
     ({"loss": {"entropy": "bonus"}}, "entropy_coef"),
     ({"model": {"dtype": "bfloat16"}}, "compute_dtype"),
-    ({"model": {"system_prompt": "Be brief."}}, "model.chat=True"),
+    ({"model": {"system_prompt": "Be brief."}}, "chat=True"),
+    ({"optim": {"learning_rate": -1e-4}}, r"optim\.learning_rate must be > 0"),
 ])
 def test_configs_that_cannot_learn_or_do_nothing_are_errors(override, match):
     from jaxrl_vr.train.config import validate
 
     tree = default_config.get_config("smoke").to_dict()
     for section, values in override.items():
-        tree[section].update(values)
+        tree.setdefault(section, {}).update(values)
     with pytest.raises(ValueError, match=match):
         validate(PipelineConfig.from_dict(tree))
 

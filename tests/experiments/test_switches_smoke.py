@@ -1,4 +1,4 @@
-"""Every prompt-distribution switch of the README runs end to end at :smoke size.
+"""Every prompt-distribution switch of docs/methods.md runs end to end at :smoke size.
 
 One SFT base is built once and copied into each switch's workdir (its digest matches), so
 each case costs a base evaluation, two RL steps and a final evaluation.
@@ -15,30 +15,28 @@ from experiments.configs import default as default_config
 from jaxrl_vr.train.pipeline import PipelineConfig, run_pipeline
 
 SWITCHES = {
-    "curverl": {"rl": {"advantage": "curverl"}},
-    "maxrl_overlong": {"rl": {"advantage": "maxrl", "overlong_cache_len": 2}},
-    "dynamic_recheck": {"rl": {"dynamic_sampling": True, "dynamic_recheck_interval": 2}},
-    "two_stage": {"rl": {"two_stage": True, "two_stage_probe": 2}},
-    "adaptive_g": {"rl": {"two_stage": True, "two_stage_probe": 2, "adaptive_g_max": 6,
+    "curverl": {"rl": {"estimator": "curverl"}},
+    "maxrl_overlong": {"rl": {"estimator": "maxrl", "rewards": {"overlong_cache_len": 2}}},
+    "dynamic_recheck": {"rl": {"batch_strategy": {"name": "dynamic", "recheck_interval": 2}}},
+    "two_stage": {"rl": {"batch_strategy": {"name": "two_stage", "probe": 2}}},
+    "adaptive_g": {"rl": {"batch_strategy": {"name": "two_stage", "probe": 2, "adaptive_g_max": 6},
                           "num_minibatches": 1}},
-    "pairing_weighted": {"rl": {"pairing": True, "advantage": "pair_weighted",
-                                "pair_neg_weight": 2.0, "pairing_calibration_samples": 2}},
-    "pba": {"rl": {"anchor": "above", "anchor_weight": 0.1, "anchor_calibration_samples": 2}},
+    "pairing_weighted": {"rl": {"pairing": {"calibration_samples": 2},
+                                "estimator": {"name": "pair_weighted", "neg_weight": 2.0}}},
+    "pba": {"rl": {"anchor": {"weight": 0.1, "calibration_samples": 2}}},
     "kl_entropy_feedback": {"loss": {"kl_beta": 0.05, "entropy": "feedback"}},
-    "loo_gspo": {"rl": {"advantage": "loo"}, "loss": {"ratio": "sequence"}},
-    "hack_penalty": {"rl": {"hack_coef": 0.5, "hack_detectors": "empty_or_truncated"}},
-    "token_budget": {"rl": {"token_budget": 30, "steps": 50}},
+    "loo_gspo": {"rl": {"estimator": "loo"}, "loss": {"ratio": "sequence"}},
+    "hack_penalty": {"rl": {"rewards": {"hack_coef": 0.5, "hack_detectors": ["empty_or_truncated"]}}},
+    "token_budget": {"rl": {"budget": {"tokens": 30}, "steps": 50}},
 }
 
 
 def _tree(override=None):
     tree = default_config.get_config("smoke").to_dict()
     tree["rl"]["steps"] = 2
-    tree["run"]["tensorboard"] = False
-    tree["run"]["export"] = False
-    tree["run"]["print_table"] = False
+    tree["run"].update(tensorboard=False, export=False, print_table=False)
     for section, values in (override or {}).items():
-        tree[section].update(values)
+        tree.setdefault(section, {}).update(values)
     return tree
 
 
@@ -72,5 +70,7 @@ def test_switch_runs_end_to_end_at_smoke_size(name, base_dir, tmp_path):
         assert "pairing/pairs" in rows[-1]
     if name == "dynamic_recheck":
         assert "dynamic/rounds" in rows[-1] and "kept/reward" in rows[-1]
+    if name == "curverl":
+        assert 0.0 < rows[-1]["estimator/window_fill"] <= 1.0
     if name == "hack_penalty":
         assert "hack/empty_or_truncated" in rows[-1]

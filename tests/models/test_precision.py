@@ -242,8 +242,8 @@ def test_single_lm_head_chunk_is_not_recomputed_in_the_train_step(chunk_size, fo
     step = make_train_step(graphdef, rest, optim, loss_cfg)
     batch_ = RolloutBatch(jnp.ones((batch, prompt_len), jnp.int32), jnp.ones((batch, prompt_len), bool),
                           jnp.ones((batch, length), jnp.int32), jnp.ones((batch, length), bool),
-                          jnp.zeros((batch,)), jnp.zeros((batch, length)), jnp.zeros((batch, length)),
-                          jnp.zeros((batch,)))
+                          jnp.ones((batch, length), bool), jnp.zeros((batch, length)),
+                          jnp.zeros((batch, length)), jnp.zeros((batch, length)), jnp.zeros((batch,)))
     state = init_train_state(params, optim, loss_cfg)
     hlo = step.jitted.lower(state, batch_, StepHyper.create(), rest).compile().as_text()
     rows = batch // micro

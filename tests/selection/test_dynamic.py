@@ -87,10 +87,10 @@ def test_batcher_fills_across_rounds():
     # Per-response rows stay prompt-major: two rows per kept group.
     np.testing.assert_array_equal(out.payload["tok"][:, 0], [1000, 1000, 1200, 1200, 2100, 2100])
     np.testing.assert_array_equal(np.sort(out.filtered_idx), [11, 13, 20])
-    assert out.stats["dynamic/filtered_fraction"] == 0.5
+    assert out.stats.filtered_fraction == 0.5
     # Filtered groups: [1,1] twice solved, [0,0] not -> 2/3.
-    assert out.stats["dynamic/filtered_solved_fraction"] == pytest.approx(2 / 3)
-    assert out.stats["dynamic/batch_fill"] == 1.0
+    assert out.stats.filtered_solved_fraction == pytest.approx(2 / 3)
+    assert out.stats.batch_fill == 1.0
     b.reset()
     assert b.rounds == 0 and b.num_kept == 0 and not b.done
 
@@ -106,9 +106,9 @@ def test_batcher_budget_exhausted_pads():
     np.testing.assert_array_equal(out.group_mask_p, [True, False, False, False])
     np.testing.assert_array_equal(out.valid_pg.any(axis=1), [True, False, False, False])
     np.testing.assert_array_equal(out.payload["pid"], [20, 0, 0, 0])
-    assert out.stats["dynamic/batch_fill"] == 0.25
-    assert out.stats["dynamic/filtered_fraction"] == 0.75
-    assert out.stats["dynamic/rounds"] == 2
+    assert out.stats.batch_fill == 0.25
+    assert out.stats.filtered_fraction == 0.75
+    assert out.stats.rounds == 2
 
 
 def test_batcher_surplus_and_no_pad():
@@ -116,7 +116,7 @@ def test_batcher_surplus_and_no_pad():
     b.add([0, 1, 2], np.array([[0, 1], [1, 0], [0, 1]], np.float32))
     out = b.result()
     np.testing.assert_array_equal(out.prompt_idx_p, [0, 1])
-    assert out.payload is None and out.stats["dynamic/surplus_groups"] == 1
+    assert out.payload is None and out.stats.surplus_groups == 1
     b2 = DynamicBatcher(3, max_rounds=1, pad=False)
     b2.add([0, 1], np.array([[0, 1], [1, 1]], np.float32))
     assert b2.result().prompt_idx_p.shape == (1,)

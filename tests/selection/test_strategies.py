@@ -1,55 +1,24 @@
 """Batch strategies on scripted reward streams: no model, no monkeypatching.
 
-A scripted ``sample_round`` returns Rounds whose verifier scores come from a fixed table of
-per-prompt outcomes, so every keep / continue decision is known in advance.
+A scripted ``sample_round`` returns trajectories whose verifier scores come from a fixed
+table of per-prompt outcomes, so every keep / continue decision is known in advance.
 """
 
 import numpy as np
 import pytest
 
-from jaxrl_vr.selection.dynamic import RecheckSchedule, dynamic_batch
-from jaxrl_vr.selection.two_stage import two_stage_batch
-from jaxrl_vr.train import rounds as rounds_lib
-from jaxrl_vr.train.prompts import DataOrder, SkipSuspended
+from jaxrl_vr.selection import strategies
+from jaxrl_vr.selection.dynamic import DynamicStats, RecheckSchedule, SkipSuspended, dynamic_batch
+from jaxrl_vr.selection.order import DataOrder
+from jaxrl_vr.selection.two_stage import TwoStageStats, two_stage_batch
 
-T, S = 3, 2
-
-
-def scripted(outcome_fn):
-    """sample_round whose sample g of prompt p scores outcome_fn(p, g, call) (0 or 1)."""
-    calls = []
-
-    def sample_round(prompt_idx, num_samples):
-        idx = np.asarray(prompt_idx, np.int64)
-        call = len(calls)
-        calls.append((idx.tolist(), int(num_samples)))
-        num_b = len(idx) * num_samples
-        scores = np.asarray([outcome_fn(int(p), g, call) for p in idx for g in range(num_samples)],
-                            np.float32)
-        length_b = np.full(num_b, 2, np.int32)
-        return rounds_lib.Round(
-            prompt_idx_p=idx,
-            prompt_tokens_ps=np.repeat(idx[:, None], S, axis=1).astype(np.int32),
-            prompt_mask_ps=np.ones((len(idx), S), bool),
-            tokens_bt=np.repeat(np.repeat(idx, num_samples)[:, None], T, axis=1).astype(np.int32),
-            mask_bt=np.arange(T)[None, :] < length_b[:, None],
-            sampler_logp_bt=np.full((num_b, T), -0.5, np.float32),
-            length_b=length_b,
-            truncated_b=np.zeros(num_b, bool),
-            scores_b=scores,
-            rewards_b=scores - 0.1,  # shaped rewards differ from scores
-            valid_pg=np.ones((len(idx), num_samples), bool),
-            stats={"generated_tokens": float(length_b.sum()), "generated_samples": float(num_b)},
-        )
-
-    sample_round.calls = calls
-    return sample_round
+from trajectory_testlib import T, scripted
 
 
 def test_plain_batch_is_one_round_of_the_next_prompts():
     order = DataOrder(10, seed=0)
     sample = scripted(lambda p, g, c: float(g == 0))
-    batch = rounds_lib.plain_batch(sample, order.next_prompts, num_prompts=4, num_samples=3)
+    batch = strategies.plain_batch(sample, order.next_prompts, num_prompts=4, num_samples=3)
     assert sample.calls == [(np.random.default_rng([0, 0]).permutation(10)[:4].tolist(), 3)]
     assert batch.valid_pg.shape == (4, 3) and batch.valid_pg.all()
     assert order.position == 4
@@ -63,23 +32,23 @@ def test_dynamic_batch_keeps_informative_groups_over_rounds_and_counts_every_tok
     assert all(p % 2 == 0 for p in batch.prompt_idx_p.tolist())
     assert batch.valid_pg.all()
     rounds = len(sample.calls)
-    assert batch.stats["dynamic/rounds"] == rounds
+    assert isinstance(batch.stats.strategy, DynamicStats)
+    assert batch.stats.strategy.rounds == rounds == batch.stats.rounds
+    assert batch.stats.strategy.metrics()["dynamic/rounds"] == rounds
     # Budget: every generated token of every round, kept or filtered.
-    assert batch.stats["generated_tokens"] == rounds * 4 * 2 * 2
-    # The logged reward/pass rate cover every sampled group, not only the kept ones.
-    assert batch.stats["sampled/pass_rate"] < 0.5 == float(
-        (batch.scores_b.reshape(4, 2) >= 0.5).mean())
+    assert batch.stats.generated_tokens == rounds * 4 * 2 * 2
 
 
 def test_dynamic_batch_pads_with_invalid_groups_when_the_budget_is_spent():
     order = DataOrder(20, seed=2)
-    sample = scripted(lambda p, g, c: float(p == order_first[0] and g == 0))
-    order_first = [int(np.random.default_rng([2, 0]).permutation(20)[0])]
+    first = int(np.random.default_rng([2, 0]).permutation(20)[0])
+    sample = scripted(lambda p, g, c: float(p == first and g == 0))
     batch = dynamic_batch(sample, order.next_prompts, num_prompts=4, num_samples=2, max_rounds=2)
     assert batch.num_prompts == 4 and len(sample.calls) == 2
     assert batch.valid_pg.sum(1).tolist() == [2, 0, 0, 0]
-    assert not batch.mask_bt[2:].any() and not batch.rewards_b[2:].any()
-    assert batch.stats["dynamic/batch_fill"] == 0.25
+    assert not batch.token_mask_bt[2:].any() and not batch.loss_mask_bt[2:].any()
+    assert not batch.rewards_b[2:].any() and not batch.overlong_b[2:].any()
+    assert batch.stats.strategy.batch_fill == 0.25
 
 
 def test_dynamic_batch_records_filtered_prompts_for_the_recheck_schedule():
@@ -121,9 +90,9 @@ def test_two_stage_continues_in_band_prompts_and_pads_the_others():
     assert sample.calls[1] == (cont, 3)  # one continuation call with G_full − G_probe samples
     valid = {p: row.sum() for p, row in zip(batch.prompt_idx_p.tolist(), batch.valid_pg)}
     assert all(valid[p] == (5 if p >= 2 else 2) for p in valid)
-    assert not batch.mask_bt.reshape(4, 5, T)[~batch.valid_pg].any()
-    assert batch.stats["generated_samples"] == 4 * 2 + 2 * 3
-    assert batch.stats["two_stage/continued_frac"] == 0.5
+    assert not batch.loss_mask_bt.reshape(4, 5, T)[~batch.valid_pg].any()
+    assert batch.stats.generated_samples == 4 * 2 + 2 * 3
+    assert batch.stats.strategy == TwoStageStats(0.5)
 
 
 def test_adaptive_g_spends_exactly_the_fixed_total_on_in_band_prompts():
@@ -132,23 +101,38 @@ def test_adaptive_g_spends_exactly_the_fixed_total_on_in_band_prompts():
     batch = two_stage_batch(sample, order.next_prompts, num_prompts=4, g_probe=2, g_full=4,
                             lo=0.1, hi=0.9, adaptive_g_max=6)
     assert batch.valid_pg.shape == (4, 6)
-    assert int(batch.valid_pg.sum()) == 4 * 4 == batch.stats["generated_samples"]
+    assert int(batch.valid_pg.sum()) == 4 * 4 == batch.stats.generated_samples
     per_prompt = dict(zip(batch.prompt_idx_p.tolist(), batch.valid_pg.sum(1).tolist()))
     assert per_prompt[2] == per_prompt[3] == 6 and per_prompt[0] == per_prompt[1] == 2
 
 
-def test_round_helpers_keep_fields_aligned():
-    sample = scripted(lambda p, g, c: float(g == p % 2))
-    a = sample(np.array([0, 1]), 2)
-    wide = rounds_lib.widen(a, 3)
-    assert wide.valid_pg.tolist() == [[True, True, False], [True, True, False]]
-    assert wide.tokens_bt.shape == (6, T) and not wide.mask_bt[[2, 5]].any()
-    more = sample(np.array([1]), 1)
-    placed = rounds_lib.place_samples(wide, more, np.array([1]), 2)
-    assert placed.valid_pg[1].all() and placed.stats["generated_samples"] == 5
-    picked = rounds_lib.select_groups(placed, np.array([False, True]))
-    assert picked.prompt_idx_p.tolist() == [1] and picked.scores_b.shape == (3,)
-    padded = rounds_lib.pad_groups(picked, 3)
-    assert padded.valid_pg.sum() == 3 and padded.prompt_idx_p.tolist() == [1, 1, 1]
-    with pytest.raises(ValueError, match="fit"):
-        rounds_lib.place_samples(wide, more, np.array([1]), 3)
+def test_registry_builds_each_strategy_with_its_settings():
+    context = strategies.StrategyContext(num_prompts=2, samples_per_prompt=2, num_items=8)
+    plain = strategies.make_batch_strategy("plain", context=context)
+    order = DataOrder(8, seed=0)
+    assert plain.wrap_source(order) is order and plain.state_dict() is None
+    assert plain(scripted(lambda p, g, c: 1.0), order.next_prompts).valid_pg.shape == (2, 2)
+    dynamic = strategies.make_batch_strategy(
+        "dynamic", strategies.DynamicSettings(max_rounds=2, recheck_interval=3), context=context)
+    source = dynamic.wrap_source(DataOrder(8, seed=0))
+    assert isinstance(source, SkipSuspended) and dynamic.state_key == "recheck"
+    dynamic.begin_step(4)
+    dynamic(scripted(lambda p, g, c: 0.0), source.next_prompts)  # everything filtered
+    assert (dynamic.state_dict()["until_p"] > 4).any()
+    with pytest.raises(ValueError, match="batch strategy 'dynamc'.*did you mean 'dynamic'"):
+        strategies.make_batch_strategy("dynamc", context=context)
+
+
+def test_strategy_settings_check_their_values_and_the_rl_config():
+    with pytest.raises(ValueError, match="max_rounds"):
+        strategies.DynamicSettings(max_rounds=0)
+    with pytest.raises(ValueError, match="lo <= hi"):
+        strategies.TwoStageSettings(lo=0.8, hi=0.2)
+
+    class RL:
+        samples_per_prompt = 4
+
+    with pytest.raises(ValueError, match="probe=5"):
+        strategies.TwoStageSettings(probe=5).check(RL)
+    assert strategies.batch_group_size(strategies.TwoStageSettings(adaptive_g_max=6), 4) == 6
+    assert strategies.batch_group_size(strategies.DynamicSettings(), 4) == 4

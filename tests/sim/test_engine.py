@@ -194,7 +194,7 @@ def test_pairing_batch_is_made_of_pool_pairs():
 def test_parse_method():
     assert methods.parse_method("grpo") == methods.MethodSpec("grpo", "uniform", False)
     assert methods.parse_method("pba") == methods.MethodSpec("grpo", "uniform", True)
-    assert methods.parse_method("pairing") == methods.MethodSpec("weighted_grpo", "pairing", False)
+    assert methods.parse_method("pairing") == methods.MethodSpec("pair_weighted", "pairing", False)
     assert methods.parse_method("dynamic+curverl+pba") == methods.MethodSpec(
         "curverl", "dapo", True)
     with pytest.raises(ValueError, match="grpoo"):
@@ -202,7 +202,12 @@ def test_parse_method():
     with pytest.raises(ValueError, match="repeated"):
         methods.parse_method("grpo+loo")
     with pytest.raises(ValueError, match="pairing"):
-        methods.parse_method("weighted_grpo")
+        methods.parse_method("pair_weighted")
+    # One registry: every trainer estimator is a simulator method of the same name.
+    from jaxrl_vr.estimators import ESTIMATORS
+    for name in ESTIMATORS:
+        spec = methods.parse_method(name + ("+pairing" if name == "pair_weighted" else ""))
+        assert spec.estimator == name
     with pytest.raises(ValueError, match="log_every"):
         validate(dataclasses.replace(TINY, steps=7))
 

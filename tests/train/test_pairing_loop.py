@@ -5,8 +5,8 @@ import numpy as np
 from jaxrl_vr.models.tokenizers import CharTokenizer
 from jaxrl_vr.selection.tracker import PromptTracker
 from jaxrl_vr.tasks import arithmetic
-from jaxrl_vr.train.config import RLConfig
-from jaxrl_vr.train.loop import RLTrainer
+from jaxrl_vr.train.config import EstimatorChoice, RLConfig, VerifierConfig
+from jaxrl_vr.train.methods import PairingSettings
 from jaxrl_vr.train.optim import OptimConfig
 from jaxrl_vr.train.step import LossConfig
 from jaxrl_vr.verifiers.pool import VerifyResult
@@ -40,16 +40,17 @@ def _calibrated_tracker(rates):
     return tracker
 
 
-def _trainer(workdir, tracker, scorer, *, steps=2, advantage="pair_weighted",
-             pairing_explore_frac=0.0, pair_neg_weight=2.0, **overrides):
+def _trainer(workdir, tracker, scorer, *, steps=2, advantage="pair_weighted", explore_frac=0.0,
+             neg_weight=2.0):
+    estimator = (EstimatorChoice.of("pair_weighted", neg_weight=neg_weight)
+                 if advantage == "pair_weighted" else EstimatorChoice(advantage))
     rl = RLConfig(steps=steps, prompts_per_step=4, samples_per_prompt=G, max_new_tokens=3,
-                  num_minibatches=1, advantage=advantage, pair_neg_weight=pair_neg_weight,
-                  verifier_workers=0, checkpoint_every=1, seed=3, pairing=True,
-                  pairing_min_count=4, pairing_explore_frac=pairing_explore_frac, **overrides)
-    return RLTrainer(lib.tiny_decoder(TOKENIZER.vocab_size), TOKENIZER, ITEMS, rl=rl,
-                     loss=LossConfig(), optim=OptimConfig(learning_rate=0.05, warmup_steps=1),
-                     workdir=str(workdir), progress=False, tensorboard=False, scorer=scorer,
-                     tracker=tracker)
+                  num_minibatches=1, estimator=estimator, verifier=VerifierConfig(workers=0),
+                  checkpoint_every=1, seed=3,
+                  pairing=PairingSettings(min_count=4, explore_frac=explore_frac))
+    return lib.make_trainer(workdir, TOKENIZER, ITEMS, rl=rl, loss=LossConfig(),
+                            optim=OptimConfig(learning_rate=0.05, warmup_steps=1), scorer=scorer,
+                            tracker=tracker)
 
 
 # G = 4, c = 2: q− band [0.5, 0.75]; q+ band (0, 0.25]. Prompts 0-3 are q+ (0.25), 4-7 q−
@@ -59,16 +60,17 @@ RATES = [0.25] * 4 + [0.75] * 4 + [1.0] * 4
 
 def test_pairs_come_from_the_calibrated_pool_and_the_data_order_advances(tmp_path):
     scorer = _rate_scorer({it.uid: r for it, r in zip(ITEMS, RATES)})
-    trainer = _trainer(tmp_path, _calibrated_tracker(RATES), scorer, pairing_explore_frac=0.5)
-    trainer.source.begin_step(0)
-    idx = trainer.source.next_prompts(4)
-    assert trainer.source.num_pairs == 1  # half the batch explores the data order
+    trainer = _trainer(tmp_path, _calibrated_tracker(RATES), scorer, explore_frac=0.5)
+    source = trainer.parts.source
+    source.begin_step(0)
+    idx = source.next_prompts(4)
+    assert source.is_pair_p.tolist() == [True, True, False, False]  # half explores the data order
     assert RATES[idx[0]] == 0.25 and RATES[idx[1]] == 0.75
     assert len(set(idx.tolist())) == 4
     rows = trainer.run()
     trainer.close()
     assert rows[-1]["pairing/pairs"] == 1.0 and np.isfinite(rows[-1]["loss"])
-    assert trainer.source.position > 0  # the data order keeps moving under pairing
+    assert trainer.parts.source.position > 0  # the data order keeps moving under pairing
 
 
 def test_weighted_grpo_lambda_changes_the_q_minus_advantages(tmp_path):
@@ -76,10 +78,11 @@ def test_weighted_grpo_lambda_changes_the_q_minus_advantages(tmp_path):
     advs = []
     for lam in (1.0, 3.0):
         trainer = _trainer(tmp_path / str(lam), _calibrated_tracker(RATES), scorer, steps=1,
-                           pair_neg_weight=lam)
-        batch, info = trainer.collect(0)
+                           neg_weight=lam)
+        batch = trainer.collect(0).batch
         trainer.close()
-        advs.append(np.asarray(batch.adv_b).reshape(4, G))
+        assert batch.paired_p.tolist() == [True] * 4
+        advs.append(np.asarray(batch.adv_bt)[:, 0].reshape(4, G))
     np.testing.assert_allclose(advs[0][0::2], advs[1][0::2], atol=1e-6)  # q+ rows: weight 1
     np.testing.assert_allclose(3.0 * advs[0][1::2], advs[1][1::2], rtol=1e-5)  # q− rows ∝ λ
     assert np.abs(advs[0][1::2]).max() > 0
@@ -88,10 +91,10 @@ def test_weighted_grpo_lambda_changes_the_q_minus_advantages(tmp_path):
 def test_pairing_state_resumes_with_the_data_position(tmp_path):
     scorer = _rate_scorer({it.uid: r for it, r in zip(ITEMS, RATES)})
     trainer = _trainer(tmp_path, _calibrated_tracker(RATES), scorer, steps=1,
-                       advantage="grpo", pairing_explore_frac=0.5)
+                       advantage="grpo", explore_frac=0.5)
     trainer.run()
     trainer.close()
     again = _trainer(tmp_path, _calibrated_tracker(RATES), scorer, steps=1, advantage="grpo",
-                     pairing_explore_frac=0.5)
-    assert again.restore() == 1 and again.source.position == trainer.source.position > 0
+                     explore_frac=0.5)
+    assert again.restore() == 1 and again.parts.source.position == trainer.parts.source.position > 0
     again.close()

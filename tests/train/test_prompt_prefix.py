@@ -38,7 +38,8 @@ def _grouped_batch(seed=0, *, prompts=3, group=4, prompt_len=6, resp_len=5, voca
         prompt_mask_bs=jnp.asarray(np.repeat(prompt_mask_ps, group, axis=0)),
         tokens_bt=jnp.asarray(np.where(mask_bt, rng.integers(3, vocab, (rows, resp_len)), 0), jnp.int32),
         mask_bt=jnp.asarray(mask_bt),
-        adv_b=jnp.asarray(rng.normal(size=rows), jnp.float32),
+        loss_mask_bt=jnp.asarray(mask_bt),
+        adv_bt=jnp.asarray(np.broadcast_to(rng.normal(size=(rows, 1)), (rows, resp_len)), jnp.float32),
         behaviour_logp_bt=jnp.asarray(-np.log(vocab) + 0.3 * rng.normal(size=(rows, resp_len)), jnp.float32),
         reference_logp_bt=jnp.asarray(-np.log(vocab) + 0.3 * rng.normal(size=(rows, resp_len)), jnp.float32),
         kl_weight_b=jnp.asarray(0.5 * (rng.random(rows) < 0.7), jnp.float32),
@@ -146,9 +147,10 @@ def test_the_trainer_shares_prompts_when_minibatches_keep_whole_groups(tmp_path)
 
     from jaxrl_vr.models.tokenizers import CharTokenizer
     from jaxrl_vr.tasks import arithmetic
-    from jaxrl_vr.train.assembly import _build_fns
-    from jaxrl_vr.train.config import RLConfig
-    from jaxrl_vr.train.loop import RLTrainer
+    from jaxrl_vr.train.batch import rollout_batch
+    from jaxrl_vr.train.config import RLConfig, VerifierConfig
+    from jaxrl_vr.train.update import make_update_fns
+    from jaxrl_vr.train.update import update_on_batch
     from jaxrl_vr.verifiers.pool import VerifyResult
 
     import trainer_testlib as lib
@@ -164,18 +166,22 @@ def test_the_trainer_shares_prompts_when_minibatches_keep_whole_groups(tmp_path)
 
     def trainer(name, num_minibatches):
         rl = RLConfig(steps=2, prompts_per_step=2, samples_per_prompt=4, max_new_tokens=3,
-                      num_minibatches=num_minibatches, num_epochs=2, verifier_workers=0, seed=3)
-        return RLTrainer(lib.tiny_decoder(tokenizer.vocab_size), tokenizer, items, rl=rl,
-                         loss=step_lib.LossConfig(kl_beta=0.05), optim=optim,
-                         workdir=str(tmp_path / name), progress=False, tensorboard=False,
-                         scorer=parity)
+                      num_minibatches=num_minibatches, num_epochs=2, verifier=VerifierConfig(workers=0),
+                      seed=3)
+        return lib.make_trainer(tmp_path / name, tokenizer, items, rl=rl,
+                                loss=step_lib.LossConfig(kl_beta=0.05), optim=optim, scorer=parity)
 
-    assert trainer("split", 2).loss_structure.prompt_group_size == 1
+    assert trainer("split", 2).parts.loss_structure.prompt_group_size == 1
     shared, plain = trainer("shared", 1), trainer("plain", 1)
-    assert shared.loss_structure.prompt_group_size == 4
-    jitted, _ = _build_fns(plain.graphdef, optim, dataclasses.replace(plain.loss_structure, prompt_group_size=1),
-                           plain.loss_structure.num_microbatches)
-    plain.train_step = lambda state, batch: jitted(state, batch, plain.hyper, plain.rest)
+    assert shared.parts.loss_structure.prompt_group_size == 4
+    p = plain.parts
+    fns = make_update_fns(p.graphdef, optim, dataclasses.replace(p.loss_structure, prompt_group_size=1))
+
+    def unshared_update(state, batch, step):
+        return update_on_batch(lambda s, b: fns.train_step(s, b, p.hyper, p.rest), state, rollout_batch(batch),
+                               num_epochs=2, num_minibatches=1, seed=3, step=step)
+
+    plain.parts = p._replace(update=unshared_update)
     rows_shared, rows_plain = shared.run(), plain.run()
     assert [r["trained_tokens"] for r in rows_shared] == [r["trained_tokens"] for r in rows_plain]
     # Real gradients, not rounding noise: mixed groups and a gradient norm of order one.
@@ -188,7 +194,7 @@ def test_the_rl_config_keeps_prompt_group_size_for_the_trainer():
     from jaxrl_vr.train.config import PipelineConfig, validate
 
     tree = default_config.get_config("smoke").to_dict()
-    tree["loss"]["prompt_group_size"] = 4
+    tree.setdefault("loss", {})["prompt_group_size"] = 4
     with pytest.raises(ValueError, match="the trainer's to set"):
         validate(PipelineConfig.from_dict(tree))
 

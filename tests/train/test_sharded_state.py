@@ -85,9 +85,10 @@ def test_sharded_steps_equal_single_device_steps(data, fsdp, tensor):
 def test_trainer_on_a_mesh_keeps_params_and_optimizer_state_sharded(tmp_path):
     from jaxrl_vr.models.tokenizers import CharTokenizer
     from jaxrl_vr.tasks import arithmetic
-    from jaxrl_vr.train.config import RLConfig
-    from jaxrl_vr.train.loop import RLTrainer
+    from jaxrl_vr.train.config import RLConfig, VerifierConfig
     from jaxrl_vr.verifiers.pool import score_serial
+
+    import trainer_testlib as lib
 
     tokenizer = CharTokenizer(arithmetic.ARITHMETIC_ALPHABET)
     items = arithmetic.make_items(0, 8, levels=(0,), split=None)
@@ -96,11 +97,10 @@ def test_trainer_on_a_mesh_keeps_params_and_optimizer_state_sharded(tmp_path):
                              bos_token_id=1, eos_token_id=2, pad_token_id=0)
     mesh = parallel.make_mesh(data=2, fsdp=2, tensor=2)
     rl = RLConfig(steps=1, prompts_per_step=4, samples_per_prompt=4, max_new_tokens=3,
-                  num_minibatches=2, verifier_workers=0, seed=1)
-    trainer = RLTrainer(Decoder(cfg, rngs=nnx.Rngs(0)), tokenizer, items, rl=rl,
-                        loss=step_lib.LossConfig(), optim=OptimConfig(learning_rate=1e-2),
-                        workdir=str(tmp_path), progress=False, tensorboard=False,
-                        scorer=score_serial, mesh=mesh)
+                  num_minibatches=2, verifier=VerifierConfig(workers=0), seed=1)
+    trainer = lib.make_trainer(tmp_path, tokenizer, items, rl=rl, model=Decoder(cfg, rngs=nnx.Rngs(0)),
+                               loss=step_lib.LossConfig(), optim=OptimConfig(learning_rate=1e-2),
+                               scorer=score_serial, mesh=mesh)
     rows = trainer.run()
     trainer.close()
     assert np.isfinite(rows[0]["loss"])

@@ -11,9 +11,11 @@ import pytest
 from jaxrl_vr.models.tokenizers import CharTokenizer
 from jaxrl_vr.tasks import arithmetic
 from jaxrl_vr.train.checkpoint import Checkpointer
-from jaxrl_vr.train.config import RLConfig
-from jaxrl_vr.train.loop import NonFiniteLossError, RLTrainer, VerifierFailure
-from jaxrl_vr.train.rollout import encode_prompts
+from jaxrl_vr.selection.tracker import PromptTracker
+from jaxrl_vr.train.config import EstimatorChoice, RLConfig, StrategyChoice, VerifierConfig
+from jaxrl_vr.train.methods import AnchorSettings
+from jaxrl_vr.train.rollout import VerifierFailure, encode_prompts
+from jaxrl_vr.train.update import NonFiniteLossError
 from jaxrl_vr.train.metrics import read_jsonl
 from jaxrl_vr.train.optim import OptimConfig
 from jaxrl_vr.train.step import LossConfig
@@ -27,8 +29,10 @@ ITEMS = arithmetic.make_items(0, 6, levels=(0,), split=None)
 
 def _trainer(
     workdir, *, steps=4, scorer=score_serial, advantage="curverl", tracker=None, items=ITEMS,
-    kl_beta=0.05, **rl_overrides,
+    kl_beta=0.05, error_patience=3, **rl_overrides,
 ):
+    estimator = (EstimatorChoice.of("curverl", window=2) if advantage == "curverl"
+                 else EstimatorChoice(advantage))
     rl = RLConfig(
         steps=steps,
         prompts_per_step=2,
@@ -36,45 +40,33 @@ def _trainer(
         max_new_tokens=3,
         num_minibatches=2,
         num_epochs=2,
-        advantage=advantage,
-        curverl_window=2,
-        verifier_workers=0,
+        estimator=estimator,
+        verifier=VerifierConfig(workers=0, error_patience=error_patience),
         checkpoint_every=1,
         seed=3,
         **rl_overrides,
     )
-    model = lib.tiny_decoder(TOKENIZER.vocab_size)
-    return RLTrainer(
-        model,
-        TOKENIZER,
-        items,
-        rl=rl,
-        loss=LossConfig(entropy="feedback", kl_beta=kl_beta),
-        optim=OptimConfig(learning_rate=0.05, warmup_steps=1),
-        workdir=str(workdir),
-        progress=False,
-        tensorboard=False,
-        scorer=scorer,
-        tracker=tracker,
-    )
+    return lib.make_trainer(workdir, TOKENIZER, items, rl=rl,
+                            loss=LossConfig(entropy="feedback", kl_beta=kl_beta),
+                            optim=OptimConfig(learning_rate=0.05, warmup_steps=1), scorer=scorer,
+                            tracker=tracker or _tracker())
 
 
 def _tracker():
-    from jaxrl_vr.selection.tracker import PromptTracker
-
     return PromptTracker(len(ITEMS), uids=[it.uid for it in ITEMS])
 
 
 @pytest.mark.slow
 def test_four_steps_equal_two_plus_resume_plus_two(tmp_path):
-    straight = _trainer(tmp_path / "a", tracker=_tracker())
+    straight_tracker, resumed_tracker = _tracker(), _tracker()
+    straight = _trainer(tmp_path / "a", tracker=straight_tracker)
     rows_a = straight.run()
     straight.close()
 
     first = _trainer(tmp_path / "b", tracker=_tracker())
     first.run(stop_after=2)
     first.close()
-    resumed = _trainer(tmp_path / "b", tracker=_tracker())  # fresh objects, state from disk
+    resumed = _trainer(tmp_path / "b", tracker=resumed_tracker)  # fresh objects, state from disk
     rows_b = resumed.run()
     resumed.close()
 
@@ -82,9 +74,9 @@ def test_four_steps_equal_two_plus_resume_plus_two(tmp_path):
     chex.assert_trees_all_equal(resumed.state.train.params, straight.state.train.params)
     chex.assert_trees_all_equal(resumed.state.estimator, straight.state.estimator)
     chex.assert_trees_all_equal(resumed.state.train.controller, straight.state.train.controller)
-    assert resumed.source.position == straight.source.position == 8
-    chex.assert_trees_all_equal(resumed.tracker.state_dict(), straight.tracker.state_dict())
-    assert resumed.tracker.state_dict()["total_n_p"].sum() == 4 * 2 * 4  # 4 steps × P·G
+    assert resumed.parts.source.position == straight.parts.source.position == 8
+    chex.assert_trees_all_equal(resumed_tracker.state_dict(), straight_tracker.state_dict())
+    assert resumed_tracker.state_dict()["total_n_p"].sum() == 4 * 2 * 4  # 4 steps × P·G
     for key in ("reward", "loss", "kl", "grad_norm"):
         assert rows_b[-1][key] == rows_a[-1][key]
     # metrics.jsonl of the resumed run holds each step once, in order.
@@ -113,6 +105,8 @@ def test_four_steps_equal_two_plus_resume_plus_two(tmp_path):
         "time_verify_s",
         "time_update_s",
         "budget/generated_tokens",
+        "estimator/window_fill",
+        "tracker/frac_seen",
     ):
         assert key in row and np.isfinite(row[key]), key
     # 2 epochs × 2 minibatches: each token is trained on twice.
@@ -188,7 +182,7 @@ def test_a_verifier_failing_every_sample_stops_the_run_after_patience_steps(tmp_
     items = [TaskItem(uid=f"c{i}", prompt=f"{i}+1=", answer=str(i + 1),
                       verifier="test_crashing_verifier") for i in range(2)]
     trainer = _trainer(tmp_path, steps=5, scorer=None, items=items, advantage="grpo",
-                       verifier_error_patience=2)
+                       error_patience=2)
     with pytest.raises(VerifierFailure, match="2 steps in a row"):
         trainer.run()
     trainer.close()
@@ -218,9 +212,8 @@ def test_pba_anchor_weights_the_kl_of_anchored_prompts_by_lambda(tmp_path, polar
     tracker = _tracker()
     tracker.set_base_counts(np.full(len(ITEMS), 4), np.full(len(ITEMS), 3))  # p_base = 0.75
     tracker.freeze_base()
-    trainer = _trainer(tmp_path, steps=2, tracker=tracker, anchor=polarity, anchor_weight=0.7,
-                       anchor_tau_low=0.5, anchor_tau_high=1.0, kl_beta=0.0,
-                       scorer=_parity_scorer)
+    trainer = _trainer(tmp_path, steps=2, tracker=tracker, kl_beta=0.0, scorer=_parity_scorer,
+                       anchor=AnchorSettings(polarity=polarity, weight=0.7, tau_low=0.5, tau_high=1.0))
     rows = trainer.run()
     trainer.close()
     assert rows[-1]["anchored_frac"] == expected
@@ -232,7 +225,7 @@ def test_pba_anchor_weights_the_kl_of_anchored_prompts_by_lambda(tmp_path, polar
 
 def test_dynamic_sampling_keeps_only_informative_groups(tmp_path):
     trainer = _trainer(tmp_path, steps=2, advantage="grpo", scorer=_parity_scorer,
-                       dynamic_sampling=True, dynamic_max_rounds=3)
+                       batch_strategy=StrategyChoice.of("dynamic", max_rounds=3))
     rows = trainer.run()
     trainer.close()
     for row in rows:
@@ -242,7 +235,7 @@ def test_dynamic_sampling_keeps_only_informative_groups(tmp_path):
         kept = row["valid_group_frac"] * 2
         assert kept == round(kept) and row["all_correct_frac"] == row["all_wrong_frac"] == 0
         assert row["trained_tokens"] <= 2 * row["generated_tokens"]
-    assert trainer.source.position == 2 * sum(int(r["dynamic/rounds"]) for r in rows)
+    assert trainer.parts.source.position == 2 * sum(int(r["dynamic/rounds"]) for r in rows)
     # The logged reward covers every sampled group; the kept-only value has its own name.
     for row in rows:
         assert "kept/reward" in row and 0.0 <= row["reward"] <= 1.0

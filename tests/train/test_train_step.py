@@ -41,7 +41,8 @@ def _hand_batch():
         prompt_mask_bs=jnp.asarray([[True, True], [False, True]]),
         tokens_bt=jnp.asarray([[1, 0], [2, 0]], jnp.int32),
         mask_bt=jnp.asarray([[True, True], [True, False]]),
-        adv_b=jnp.asarray([1.0, -0.5], jnp.float32),
+        loss_mask_bt=jnp.asarray([[True, True], [True, False]]),
+        adv_bt=jnp.asarray([[1.0, 1.0], [-0.5, -0.5]], jnp.float32),
         # ratios: 0.25/0.2 = 1.25, 0.5/0.5 = 1, 0.25/0.25 = 1, (masked: garbage -inf)
         behaviour_logp_bt=jnp.asarray([[log(0.2), log(0.5)], [log(0.25), -jnp.inf]], jnp.float32),
         # reference differs only at (0, 0): log π_ref = log 0.5 vs log π = log 0.25
@@ -84,7 +85,7 @@ def test_dual_clip_caps_negative_advantage_loss():
     model = TableModel([0.5, 0.25, 0.25])
     graphdef, params, rest = step_lib.split_model(model)
     batch = _hand_batch()._replace(
-        adv_b=jnp.asarray([-1.0, -1.0], jnp.float32),
+        adv_bt=jnp.full((2, 2), -1.0, jnp.float32),
         behaviour_logp_bt=jnp.log(jnp.asarray([[0.05, 0.5], [0.25, 1.0]], jnp.float32)),
     )
     cfg = step_lib.LossConfig(dual_clip=3.0)
@@ -234,7 +235,7 @@ def test_guarded_update_names_a_state_whose_shape_the_update_changes():
 def test_nonfinite_loss_leaves_state_unchanged_and_is_flagged():
     train_step, state = _step_setup()
     batch = lib.random_batch(6)
-    bad = batch._replace(adv_b=batch.adv_b.at[3].set(jnp.nan))
+    bad = batch._replace(adv_bt=batch.adv_bt.at[3].set(jnp.nan))
     new_state, metrics = train_step(state, bad, step_lib.StepHyper.create())
     assert float(metrics["nonfinite"]) == 1.0
     chex.assert_trees_all_equal(new_state.params, state.params)
@@ -265,7 +266,7 @@ def test_a_donated_step_updates_the_adam_moments_in_place(group):
     state = step_lib.init_train_state(params, optimizer, cfg)
     train_step = step_lib.make_train_step(graphdef, rest, optimizer, cfg, donate=True)
     batch = lib.random_batch(0)
-    rows = np.arange(batch.adv_b.shape[0]) // group * group  # each group's rows share its first prompt
+    rows = np.arange(batch.adv_bt.shape[0]) // group * group  # each group's rows share its first prompt
     batch = batch._replace(prompt_tokens_bs=batch.prompt_tokens_bs[rows], prompt_mask_bs=batch.prompt_mask_bs[rows])
     hlo = train_step.jitted.lower(state, batch, step_lib.StepHyper.create(), rest).compile().as_text()
     assert _copied_entry_parameters(hlo) == []
@@ -458,3 +459,32 @@ def test_the_step_forms_a_tied_unembedding_once_with_the_same_gradient(tied):
     np.testing.assert_allclose(float(loss), float(plain_loss), rtol=1e-6)
     chex.assert_trees_all_close(grads, plain_grads, rtol=1e-5, atol=1e-7)
     assert float(jnp.abs(grads["embed"][...]).sum()) > 0
+
+
+def test_environment_tokens_are_attended_to_but_never_trained_on():
+    """Tokens with loss mask 0 (written by a tool) add nothing to the loss, the KL, the entropy
+    or the token count, whatever their advantages and log-probs say; the policy still attends
+    to them, so they move the log-probs of the tokens after them (SPEC §6b)."""
+    model = lib.tiny_decoder()
+    graphdef, params, rest = step_lib.split_model(model)
+    cfg = step_lib.LossConfig(kl_beta=0.1, entropy="bonus", entropy_coef=0.01)
+    loss_fn = step_lib.make_eval_loss(graphdef, cfg)
+    hyper = step_lib.StepHyper.create(kl_beta=0.1, entropy_coef=0.01)
+    batch = lib.random_batch(4)
+    batch = batch._replace(mask_bt=jnp.ones_like(batch.mask_bt), loss_mask_bt=jnp.ones_like(batch.mask_bt))
+    tool = batch.loss_mask_bt.at[:, 1].set(False)  # token 1 of every row came from a tool
+    with_tool = batch._replace(loss_mask_bt=tool)
+    loss, grads = loss_fn(params, rest, with_tool, hyper, ())
+    garbage = with_tool._replace(adv_bt=with_tool.adv_bt.at[:, 1].set(1e6),
+                                 behaviour_logp_bt=with_tool.behaviour_logp_bt.at[:, 1].set(-1e6),
+                                 reference_logp_bt=with_tool.reference_logp_bt.at[:, 1].set(1e6))
+    loss_g, grads_g = loss_fn(params, rest, garbage, hyper, ())
+    np.testing.assert_allclose(float(loss_g), float(loss), rtol=1e-6)
+    chex.assert_trees_all_close(grads_g, grads, rtol=1e-5, atol=1e-7)
+    assert float(step_lib.loss_denominators(with_tool, cfg)[0]) == float(tool.sum())
+    # The tool token is part of the context: changing it changes the later tokens' log-probs.
+    inputs = (batch.prompt_tokens_bs, batch.prompt_mask_bs)
+    logp = step_lib.response_logprobs(model, *inputs, batch.tokens_bt, batch.mask_bt)[0]
+    other = batch.tokens_bt.at[:, 1].set((batch.tokens_bt[:, 1] + 1) % 12)
+    logp_other = step_lib.response_logprobs(model, *inputs, other, batch.mask_bt)[0]
+    assert not np.allclose(np.asarray(logp)[:, 2:], np.asarray(logp_other)[:, 2:])

@@ -1,7 +1,7 @@
 """Two-stage sampling in the RL loop (MAI-Thinking-1; SPEC §4): tracker, budget, resume.
 
-The strategy's decisions are tested without a model in test_rounds.py; these run it
-through the trainer with the real sampler.
+The strategy's decisions are tested without a model in tests/selection/test_strategies.py;
+these run it through the trainer with the real sampler.
 """
 
 import jax
@@ -10,8 +10,9 @@ import pytest
 
 from jaxrl_vr.models.tokenizers import CharTokenizer
 from jaxrl_vr.tasks import arithmetic
-from jaxrl_vr.train.config import RLConfig
-from jaxrl_vr.train.loop import RLTrainer
+from jaxrl_vr.selection.tracker import PromptTracker
+from jaxrl_vr.train.config import RLConfig, StrategyChoice, VerifierConfig
+from jaxrl_vr.train.metrics import rollout_metrics
 from jaxrl_vr.train.optim import OptimConfig
 from jaxrl_vr.train.step import LossConfig
 from jaxrl_vr.verifiers.pool import VerifyResult
@@ -34,22 +35,25 @@ def _by_prompt_scorer(correct_uids):
     return score
 
 
-def _trainer(workdir, scorer, *, steps=1, tracker=None, num_minibatches=2, **overrides):
+def _trainer(workdir, scorer, *, steps=1, tracker=None, num_minibatches=2, **settings):
     rl = RLConfig(
         steps=steps, prompts_per_step=P, samples_per_prompt=G_FULL, max_new_tokens=T,
-        num_minibatches=num_minibatches, num_epochs=1, advantage="grpo", verifier_workers=0,
-        checkpoint_every=1, seed=3, two_stage=True, two_stage_probe=G_PROBE, **overrides,
+        num_minibatches=num_minibatches, num_epochs=1, verifier=VerifierConfig(workers=0),
+        checkpoint_every=1, seed=3,
+        batch_strategy=StrategyChoice.of("two_stage", probe=G_PROBE, **settings),
     )
-    return RLTrainer(
-        lib.tiny_decoder(TOKENIZER.vocab_size), TOKENIZER, ITEMS, rl=rl,
-        loss=LossConfig(), optim=OptimConfig(learning_rate=0.05, warmup_steps=1),
-        workdir=str(workdir), progress=False, tensorboard=False, scorer=scorer, tracker=tracker,
-    )
+    return lib.make_trainer(workdir, TOKENIZER, ITEMS, rl=rl, loss=LossConfig(),
+                            optim=OptimConfig(learning_rate=0.05, warmup_steps=1), scorer=scorer,
+                            tracker=tracker)
+
+
+def _collect(trainer):
+    """The built batch of step 0 and its rollout metrics."""
+    batch, sampled, _ = trainer.collect(0)
+    return batch, rollout_metrics(batch, sampled)
 
 
 def _tracker():
-    from jaxrl_vr.selection.tracker import PromptTracker
-
     return PromptTracker(len(ITEMS), uids=[it.uid for it in ITEMS])
 
 
@@ -57,12 +61,11 @@ def test_nothing_continues_counts_only_probe_samples_and_the_tracker_advances_on
     # Every probe is all wrong (rate 0) and the band is [0.5, 0.5]: nothing continues, so
     # the step generates P·G_probe = 2·2 = 4 samples, and the tracker sees 4 samples.
     tracker = _tracker()
-    trainer = _trainer(tmp_path, _by_prompt_scorer(set()), tracker=tracker,
-                       two_stage_lo=0.5, two_stage_hi=0.5)
-    batch, info = trainer.collect(0)
+    trainer = _trainer(tmp_path, _by_prompt_scorer(set()), tracker=tracker, lo=0.5, hi=0.5)
+    batch, info = _collect(trainer)
     assert info["two_stage/continued_frac"] == 0.0
     assert info["generated_samples"] == P * G_PROBE == 4
-    mask_pgt = np.asarray(batch.mask_bt).reshape(P, G_FULL, T)
+    mask_pgt = np.asarray(batch.loss_mask_bt).reshape(P, G_FULL, T)
     assert not mask_pgt[:, G_PROBE:].any()  # padding slots carry no token
     assert info["generated_tokens"] == float(mask_pgt.sum())
     total_n, _ = tracker.totals()
@@ -74,19 +77,19 @@ def test_nothing_continues_counts_only_probe_samples_and_the_tracker_advances_on
 def test_only_prompts_in_band_continue(tmp_path):
     order = np.random.default_rng([3, 0]).permutation(len(ITEMS))[:P]
     correct = {ITEMS[int(order[0])].uid}  # prompt row 0 solved, row 1 not
-    trainer = _trainer(tmp_path, _by_prompt_scorer(correct), two_stage_lo=0.0, two_stage_hi=0.5)
-    batch, info = trainer.collect(0)
+    trainer = _trainer(tmp_path, _by_prompt_scorer(correct), lo=0.0, hi=0.5)
+    batch, info = _collect(trainer)
     assert info["two_stage/continued_frac"] == 0.5
     # 2·2 probe samples + 1 continued prompt · (4 − 2) = 6 samples generated.
     assert info["generated_samples"] == 6
-    valid_pg = np.asarray(batch.mask_bt).reshape(P, G_FULL, T).any(2)
+    valid_pg = np.asarray(batch.loss_mask_bt).reshape(P, G_FULL, T).any(2)
     assert valid_pg.sum(1).tolist() == [G_PROBE, G_FULL]
     trainer.close()
 
 
 def test_two_stage_run_completes_and_budget_adds_both_stages(tmp_path):
     trainer = _trainer(tmp_path, _by_prompt_scorer({ITEMS[0].uid, ITEMS[1].uid, ITEMS[2].uid}),
-                       steps=2, two_stage_lo=0.0, two_stage_hi=0.5)
+                       steps=2, lo=0.0, hi=0.5)
     rows = trainer.run()
     trainer.close()
     assert len(rows) == 2
@@ -95,31 +98,31 @@ def test_two_stage_run_completes_and_budget_adds_both_stages(tmp_path):
         assert np.isfinite(row["loss"])
     assert rows[-1]["budget/generated_tokens"] == pytest.approx(
         sum(r["generated_tokens"] for r in rows))
-    assert trainer.source.position == 2 * P
+    assert trainer.parts.source.position == 2 * P
 
 
 @pytest.mark.slow
 def test_two_stage_resume_is_exact(tmp_path):
     scorer = _by_prompt_scorer({ITEMS[0].uid, ITEMS[3].uid})
-    straight = _trainer(tmp_path / "a", scorer, steps=2, two_stage_lo=0.0, two_stage_hi=0.5)
+    straight = _trainer(tmp_path / "a", scorer, steps=2, lo=0.0, hi=0.5)
     rows_a = straight.run()
     straight.close()
-    first = _trainer(tmp_path / "b", scorer, steps=2, two_stage_lo=0.0, two_stage_hi=0.5)
+    first = _trainer(tmp_path / "b", scorer, steps=2, lo=0.0, hi=0.5)
     first.run(stop_after=1)
     first.close()
-    resumed = _trainer(tmp_path / "b", scorer, steps=2, two_stage_lo=0.0, two_stage_hi=0.5)
+    resumed = _trainer(tmp_path / "b", scorer, steps=2, lo=0.0, hi=0.5)
     rows_b = resumed.run()
     resumed.close()
     assert len(rows_b) == 1
     assert rows_b[0]["budget/generated_tokens"] == rows_a[-1]["budget/generated_tokens"]
     assert rows_b[0]["two_stage/continued_frac"] == rows_a[-1]["two_stage/continued_frac"]
-    for a, b in zip(jax.tree.leaves(straight.params()), jax.tree.leaves(resumed.params())):
+    for a, b in zip(jax.tree.leaves(straight.state.train.params), jax.tree.leaves(resumed.state.train.params)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
 
 
 def test_adaptive_g_runs_through_the_loop_at_a_fixed_total(tmp_path):
-    trainer = _trainer(tmp_path, _by_prompt_scorer({ITEMS[0].uid}), steps=1, two_stage_lo=0.0,
-                       two_stage_hi=1.0, adaptive_g_max=6, num_minibatches=1)
+    trainer = _trainer(tmp_path, _by_prompt_scorer({ITEMS[0].uid}), steps=1, lo=0.0, hi=1.0,
+                       adaptive_g_max=6, num_minibatches=1)
     rows = trainer.run()
     trainer.close()
     assert rows[0]["generated_samples"] == P * G_FULL  # the fixed total, spread by p(1 − p)

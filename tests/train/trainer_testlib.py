@@ -39,7 +39,8 @@ def random_batch(
         prompt_mask_bs=jnp.asarray(np.arange(prompt_len)[None] >= left_pad),
         tokens_bt=jnp.asarray(rng.integers(3, vocab, (batch, resp_len)), jnp.int32),
         mask_bt=jnp.asarray(mask_bt),
-        adv_b=jnp.asarray(rng.normal(size=batch), jnp.float32),
+        loss_mask_bt=jnp.asarray(mask_bt),
+        adv_bt=jnp.asarray(np.broadcast_to(rng.normal(size=(batch, 1)), (batch, resp_len)), jnp.float32),
         behaviour_logp_bt=jnp.asarray(
             -np.log(vocab) + 0.3 * rng.normal(size=(batch, resp_len)), jnp.float32
         ),
@@ -73,3 +74,20 @@ class CausalBagModel(nnx.Module):
 
     def unembed_matrix(self):
         return self.unembed[...]
+
+
+def make_trainer(workdir, tokenizer, items, *, rl, loss=None, optim=None, model=None, scorer=None,
+                 tracker=None, mesh=None, reference_params=None, chat=False, seed=0):
+    """An RLTrainer over ``build_parts`` of a PipelineConfig with these sections (no progress
+    bar, no TensorBoard)."""
+    from jaxrl_vr.train.config import ModelConfig, PipelineConfig, RunConfig
+    from jaxrl_vr.train.loop import RLTrainer
+    from jaxrl_vr.train.optim import OptimConfig
+    from jaxrl_vr.train.parts import build_parts
+    from jaxrl_vr.train.step import LossConfig
+
+    cfg = PipelineConfig(seed=seed, rl=rl, loss=loss or LossConfig(), optim=optim or OptimConfig(),
+                         model=ModelConfig(chat=chat), run=RunConfig(progress=False, tensorboard=False))
+    model = tiny_decoder(tokenizer.vocab_size) if model is None else model
+    return RLTrainer(build_parts(cfg, model, tokenizer, items, str(workdir), scorer=scorer,
+                                 tracker=tracker, mesh=mesh, reference_params=reference_params))

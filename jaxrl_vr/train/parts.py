@@ -1,0 +1,143 @@
+"""The RL driver's parts, built once from the config by ``build_parts``.
+
+    prompt source    DataOrder, wrapped by the hooks that choose prompts (pairing, DAPO's
+                     re-check)
+    batch strategy   ``rl.batch_strategy`` (``jaxrl_vr.selection.strategies``)
+    round sampler    sampler → verifiers → rewards (``train.rollout.RoundSampler``)
+    hooks            the tracker, the strategy, the methods with a section in ``rl``
+                     (``train.methods``), the verifier monitor
+    builder          ``rl.estimator`` + behaviour / reference log-probs (``train.batch``)
+    update           the loop state and num_epochs × num_minibatches jitted train steps
+                     (``train.update.make_update``)
+    checkpoints      ``train.saving.RunCheckpoints``
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Sequence
+
+from jaxrl_vr.estimators import Estimator
+from jaxrl_vr.hooks import Hook
+from jaxrl_vr.sampling import generate
+from jaxrl_vr.selection.order import DataOrder
+from jaxrl_vr.selection.strategies import StrategyContext, make_batch_strategy
+from jaxrl_vr.selection.tracker import PromptTracker
+from jaxrl_vr.train import step as step_lib
+from jaxrl_vr.train.batch import build_batch, rollout_batch
+from jaxrl_vr.train.config import PipelineConfig
+from jaxrl_vr.train.methods import MethodContext, make_methods
+from jaxrl_vr.train.rollout import (RewardShaper, RoundSampler, RoundScorer, SamplingConfig,
+                                    VerifierMonitor, encode_prompts, make_scorer)
+from jaxrl_vr.train.saving import RunCheckpoints
+from jaxrl_vr.train.update import LoopState, make_update, rl_seed, update_on_batch
+from jaxrl_vr.trajectory import Trajectory
+
+__all__ = ["Parts", "build_parts"]
+
+
+class Parts(NamedTuple):
+    """Everything the RL driver calls (module docstring); built by ``build_parts``."""
+
+    cfg: PipelineConfig
+    workdir: str
+    graphdef: Any
+    rest: Any
+    initial_state: LoopState
+    source: Any
+    strategy: Hook
+    sampler: RoundSampler
+    hooks: tuple[Hook, ...]
+    estimator: Estimator
+    loss_structure: step_lib.LossConfig  # the compiled update's static loss structure
+    hyper: step_lib.StepHyper
+    build: Callable[[Trajectory, Any, Any], tuple[Trajectory, Any]]
+    update: Callable[[step_lib.TrainState, Trajectory, int], tuple[step_lib.TrainState, dict]]
+    checkpoints: RunCheckpoints
+    close: Callable[[], None]
+
+
+def build_parts(cfg: PipelineConfig, model, tokenizer, items: Sequence[Any], workdir: str, *,
+                scorer: Callable | None = None, tracker: PromptTracker | None = None,
+                reference_params=None, mesh=None, generate_fn: Callable = generate) -> Parts:
+    """The parts of RL on ``model`` over the training ``items`` (TaskItems).
+
+    Args:
+      cfg: the run's PipelineConfig (its rl, loss, optim and model prompt format).
+      model, tokenizer: the policy (a jaxrl_vr Decoder; its params are the initial policy).
+      items: training TaskItems.
+      workdir: where metrics, checkpoints and the verifier error log go.
+      scorer: ``score(items, completions) -> VerifyResult`` instead of the verifier pool.
+      tracker: a PromptTracker over ``items`` (default: a new one).
+      reference_params: frozen π_ref params (default: the model's own params, which the
+        trainer never changes: it trains a copy).
+      mesh: a ``jax.sharding.Mesh``: params and optimizer state are sharded over its
+        ``fsdp`` (and ``tensor``) axes by ``jaxrl_vr.parallel``'s rules, minibatches over
+        ``data`` × ``fsdp``.
+      generate_fn: the sampler (``jaxrl_vr.sampling.generate``).
+    """
+    rl = cfg.rl
+    if len(items) < rl.prompts_per_step:
+        raise ValueError(f"rl.prompts_per_step={rl.prompts_per_step} exceeds the {len(items)} "
+                         "training items.")
+    graphdef, params, rest = step_lib.split_model(model)
+    # Hooks: the tracker, the batch strategy and the methods choose the prompts.
+    tracker = tracker or PromptTracker(len(items), uids=[it.uid for it in items],
+                                       success_threshold=rl.success_threshold)
+    strategy = make_batch_strategy(rl.batch_strategy.name, rl.batch_strategy.settings,
+                                   context=StrategyContext(rl.prompts_per_step, rl.samples_per_prompt,
+                                                           len(items), rl.success_threshold))
+    methods = make_methods(rl, MethodContext(len(items), rl.prompts_per_step, rl.samples_per_prompt,
+                                             rl_seed(cfg), tracker))
+    source = DataOrder(len(items), seed=rl_seed(cfg))
+    for hook in (tracker, strategy, *methods):
+        source = hook.wrap_source(source)
+    # Rounds: sampler -> verifiers (watched by the monitor) -> rewards.
+    score, close_scorer = ((scorer, lambda: None) if scorer is not None
+                           else make_scorer(rl.verifier.workers, rl.verifier.timeout_s))
+    monitor = VerifierMonitor(workdir, error_fraction=rl.verifier.error_fraction,
+                              error_patience=rl.verifier.error_patience)
+    prompt_tokens_ns, prompt_mask_ns = encode_prompts(  # tokenized once; a round gathers its rows
+        tokenizer, [it.prompt for it in items], chat=cfg.model.chat, system_prompt=cfg.model.system_prompt)
+    rewards = rl.rewards
+    sampler = RoundSampler(
+        prompt_tokens_ns, prompt_mask_ns,
+        score=RoundScorer(items, tokenizer, score,
+                          hack_detectors=rewards.hack_detectors if rewards.hack_coef else (),
+                          on_result=monitor.record),
+        shape_rewards=RewardShaper(max_len=rl.max_new_tokens, overlong_cache_len=rewards.overlong_cache_len,
+                                   overlong_coef=rewards.overlong_coef, hack_coef=rewards.hack_coef),
+        sampling=SamplingConfig(rl.max_new_tokens, rl.temperature, rl.top_p, rl.top_k,
+                                (tokenizer.eos_id,), tokenizer.pad_id or 0),
+        min_prompts=rl.prompts_per_step, generate_fn=generate_fn)
+    hooks = (tracker, strategy, *methods, monitor)
+    # The update: the KL term is in the loss for β > 0 or a hook's per-prompt KL weights.
+    kl_in_loss = cfg.loss.kl_beta > 0 or any(hook.sets_kl_weights for hook in hooks)
+    update = make_update(cfg, graphdef, params, kl_in_loss=kl_in_loss, mesh=mesh)
+    reference_params = params if reference_params is None else reference_params
+    fns, hyper = update.fns, update.hyper
+
+    def logprobs_of(policy_params):
+        return lambda *inputs: fns.logprob_fn(policy_params, rest, *inputs, hyper.temperature)[0]
+
+    def build(batch: Trajectory, estimator_state, policy_params):
+        return build_batch(
+            batch, update.estimator, estimator_state,
+            behaviour_logprobs=None if cfg.loss.detach_behaviour else logprobs_of(policy_params),
+            reference_logprobs=(logprobs_of(reference_params)
+                                if kl_in_loss or rl.log_reference_kl else None))
+
+    def train(train_state, batch: Trajectory, step: int):
+        return update_on_batch(lambda s, b: fns.train_step(s, b, hyper, rest), train_state,
+                               rollout_batch(batch), num_epochs=rl.num_epochs,
+                               num_minibatches=rl.num_minibatches, seed=rl_seed(cfg), step=step, mesh=mesh,
+                               nonfinite_dir=workdir)
+
+    checkpoints = RunCheckpoints(workdir, every=rl.checkpoint_every, max_to_keep=rl.max_to_keep,
+                                 budget=rl.budget)
+
+    def close() -> None:
+        checkpoints.close()
+        close_scorer()
+
+    return Parts(cfg, workdir, graphdef, rest, update.initial_state, source, strategy, sampler, hooks,
+                 update.estimator, update.loss_structure, hyper, build, train, checkpoints, close)
