@@ -10,7 +10,7 @@ Needs the peer venv and model (`bash ../shared/peers/setup.sh trl && bash
 ../shared/peers/setup.sh models`).
 
     python benchmarks/side_by_side.py [--precisions fp32,bf16] [--warmup 1 --steps 2] \\
-        [--rounds 3] [--out benchmarks/rl_step_results.json]
+        [--rounds 3] [--out benchmarks/results/rl_step_results.json]
 
 TRL runs at its best: torch's own OpenMP settings, and every micro-batch size in
 `--trl-micro-batch` (default 8 and 0 = all 64 sequences at once, TRL's default), each in its
@@ -258,7 +258,7 @@ def main(argv=None) -> dict:
                         help="glibc malloc settings for TRL, comma-separated, each run every round: "
                              "'default' (glibc as it comes: freed memory goes back to the kernel) and 'keep' "
                              "(our own policy, keep_host_memory, as GLIBC_TUNABLES); the ratios take TRL's best")
-    parser.add_argument("--out", default=os.path.join(HERE, "rl_step_results.json"))
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "rl_step_results.json"))
     parser.add_argument("--ours-args", default="", help="extra arguments for benchmarks/rl_step.py")
     args = parser.parse_args(argv)
 
