@@ -19,14 +19,14 @@ the fastest step, the fastest rollout and the fastest update (step − rollout),
 configuration they came from. (Until perf18 TRL ran with micro-batches of 8 and
 OMP_WAIT_POLICY=PASSIVE only; on an AMX Xeon its rollout then took a third longer and its bf16
 step 60-75 % longer than at its best, so the earlier ratios flattered us: docs/performance.md
-"perf18".)
+at 9f22ea1, "perf18".)
 
 TRL also runs under each glibc malloc setting in `--trl-malloc` (default both): "default",
 glibc as it comes, which returns freed memory to the kernel and maps large blocks afresh, so
 every step page-faults its activations in again; and "keep", the policy our process sets
 itself (`jaxrl_vr.host_memory.keep_host_memory`: no mmap'd blocks, no trimming) given to TRL
 through GLIBC_TUNABLES. On a Zen 3 VM whose page faults had become costly, "keep" took TRL's
-step from 160 to 92 s (docs/performance.md "perf25"); measured without it, the ratios
+step from 160 to 92 s (docs/performance.md at 9f22ea1, "perf25"); measured without it, the ratios
 flattered us. Both peers also inherit this process's environment, so an exported
 GLIBC_TUNABLES (for example transparent huge pages for malloc, "perf16") applies to both.
 

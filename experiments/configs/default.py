@@ -164,8 +164,8 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     c.run.tensorboard = True  # TensorBoard events in workdir/tb
     c.run.print_table = True
     c.run.export = True  # save_pretrained the final policy into workdir/export
-    c.run.keep_host_memory = True  # reuse XLA's freed host memory (docs/performance.md, "perf17")
-    c.run.cpu_memory_schedule = True  # XLA:CPU orders programs for memory (docs/performance.md, "perf24")
+    c.run.keep_host_memory = True  # reuse XLA's freed host memory (docs/performance.md at 9f22ea1, "perf17")
+    c.run.cpu_memory_schedule = True  # XLA:CPU orders programs for memory (docs/performance.md at 9f22ea1, "perf24")
     c.run.compilation_cache = "auto"  # compiled programs on disk for the next run ("" = off; "perf33")
 
     if variant == "smoke":  # seconds of work, and still at least one step with a gradient
