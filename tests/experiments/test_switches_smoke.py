@@ -1,4 +1,4 @@
-"""Every prompt-distribution switch of the README runs end to end at :smoke size.
+"""Every prompt-distribution switch of docs/methods.md runs end to end at :smoke size.
 
 One SFT base is built once and copied into each switch's workdir (its digest matches), so
 each case costs a base evaluation, two RL steps and a final evaluation.
