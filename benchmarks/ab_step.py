@@ -3,7 +3,7 @@
 Both variants are compiled in one process on rl_step.py's workload, warmed up, then run
 alternately (A B, B A, A B, ...), so machine drift and the heap's state hit both alike; the
 timings of separate processes on a shared VM differed by more than the changes measured in
-docs/performance.md (perf27, perf28). A variants file is a Python module with two functions,
+docs/performance.md at 9f22ea1 (perf27, perf28). A variants file is a Python module with two functions,
 `A()` and `B()`, each putting the code into one variant's state (monkeypatching the library
 before the variant is traced; JAX's caches are cleared first); `B()` is applied last and
 left in place. Examples: `benchmarks/ab_variants/attention_layout.py` (update),

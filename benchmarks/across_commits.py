@@ -12,7 +12,7 @@ difference. Three rounds cannot show a 5 % effect on a noisy VM: use 6 or more.
 
     python benchmarks/across_commits.py --revs HEAD 0e85eec 6386e37 \\
         --model-dir $PEERS_ROOT/models/smollm2-135m --prompts-file prompts.jsonl \\
-        [--precisions fp32,bf16] [--rounds 6] [--out benchmarks/across_commits.json]
+        [--precisions fp32,bf16] [--rounds 6] [--out benchmarks/results/across_commits.json]
 
 `--revs` takes anything `git rev-parse` does, plus `worktree`: this checkout as it is,
 uncommitted changes included. A revision must have `benchmarks/rl_step.py` with the flags used

@@ -22,7 +22,7 @@ anything.
 
     python benchmarks/decode.py --model-dir $PEERS_ROOT/models/smollm2-135m \\
         [--precisions fp32,bf16] [--batches 1,8,64] [--new-tokens 64] [--long-new-tokens 512] \\
-        [--repeats 3] [--torch-python $PEERS_ROOT/venv-trl/bin/python] [--out benchmarks/decode_results.json]
+        [--repeats 3] [--torch-python $PEERS_ROOT/venv-trl/bin/python] [--out benchmarks/results/decode_results.json]
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--long-new-tokens", type=int, default=LONG_NEW_TOKENS, help="0 skips the long-response case")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default=os.path.join(HERE, "decode_results.json"))
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "decode_results.json"))
     parser.add_argument("--release-host-memory", action="store_true",
                         help="ours: JAX's default host memory handling instead of keep_host_memory()")
     parser.add_argument("--side", choices=("jax", "torch"), help=argparse.SUPPRESS)  # child process

@@ -158,7 +158,7 @@ def main(argv=None) -> dict:
     report = kernel(args) if args.what == "kernel" else generate_ab(args)
     report.update(what=args.what, cpu_count=os.cpu_count(), load_1m_start=load_start,
                   load_1m_end=os.getloadavg()[0])
-    out = args.out or os.path.join(HERE, f"decode_attention_{args.what}.json")
+    out = args.out or os.path.join(HERE, "results", f"decode_attention_{args.what}.json")
     with open(out, "w") as f:
         json.dump(report, f, indent=2)
     print(f"wrote {out}")

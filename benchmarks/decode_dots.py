@@ -12,7 +12,7 @@ torch at 128 GFLOP/s (fp32, 64 rows) on a Zen 5 EPYC, where our rollout leads TR
 torch MLP stack 11 % faster than XLA's on an AMX Xeon, where the lead was 1.6×.
 
     python benchmarks/decode_dots.py [--rows 64] [--steps 63] [--rounds 2] [--precision bf16] \\
-        [--torch-python $PEERS_ROOT/venv-trl/bin/python] [--out decode_dots.json]
+        [--torch-python $PEERS_ROOT/venv-trl/bin/python] [--out benchmarks/results/decode_dots.json]
 
 bf16: bf16 weights (cast once, outside the timed calls) on both sides; bf16 operands with
 float32 accumulation on ours (`preferred_element_type`), autocast's bf16 matmuls on torch's.

@@ -28,7 +28,7 @@ the update's minor page faults and kernel seconds, GLIBC_TUNABLES and XLA_FLAGS,
 test.
 
 Like ``experiments.train``, it calls ``jaxrl_vr.host_memory.keep_host_memory()`` first, so
-the process keeps the memory XLA frees (docs/performance.md, "perf17");
+the process keeps the memory XLA frees (docs/performance.md at 9f22ea1, "perf17");
 ``--release-host-memory`` measures JAX's default instead. It also asks XLA:CPU to schedule for
 memory (``memory_optimized_cpu_schedule()``, "perf24"); ``--concurrency-schedule`` keeps
 XLA's default.
@@ -88,7 +88,7 @@ def process_counters() -> tuple[int, float]:
     every update first-touches them: ~(temporary bytes) / (page size) faults, and 5-8 s of
     kernel time per SmolLM2 update once a rollout has run in between (the kernel zeroes the
     pages; the VM's host has reclaimed them). With ``keep_host_memory()`` both are ~0
-    (docs/performance.md, "perf17").
+    (docs/performance.md at 9f22ea1, "perf17").
     """
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_minflt, usage.ru_stime
@@ -195,7 +195,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--microbatches", type=int, default=8, help="gradient accumulation (one AdamW step)")
     parser.add_argument("--chunk", type=int, default=0,
                         help="LM-head log-softmax time chunk; 0 = one chunk of the whole response, which "
-                             "is not rematerialised (measured faster than 16 in docs/performance.md)")
+                             "is not rematerialised (measured faster than 16: docs/performance.md at 9f22ea1, perf12)")
     parser.add_argument("--remat", action="store_true", help="recompute each block in the backward pass")
     parser.add_argument("--no-shared-prefix", action="store_true",
                         help="run every row's full prompt in the update (LossConfig.prompt_group_size=1) "

@@ -10,7 +10,7 @@ Needs the peer venv and model (`bash ../shared/peers/setup.sh trl && bash
 ../shared/peers/setup.sh models`).
 
     python benchmarks/side_by_side.py [--precisions fp32,bf16] [--warmup 1 --steps 2] \\
-        [--rounds 3] [--out benchmarks/rl_step_results.json]
+        [--rounds 3] [--out benchmarks/results/rl_step_results.json]
 
 TRL runs at its best: torch's own OpenMP settings, and every micro-batch size in
 `--trl-micro-batch` (default 8 and 0 = all 64 sequences at once, TRL's default), each in its
@@ -19,14 +19,14 @@ the fastest step, the fastest rollout and the fastest update (step − rollout),
 configuration they came from. (Until perf18 TRL ran with micro-batches of 8 and
 OMP_WAIT_POLICY=PASSIVE only; on an AMX Xeon its rollout then took a third longer and its bf16
 step 60-75 % longer than at its best, so the earlier ratios flattered us: docs/performance.md
-"perf18".)
+at 9f22ea1, "perf18".)
 
 TRL also runs under each glibc malloc setting in `--trl-malloc` (default both): "default",
 glibc as it comes, which returns freed memory to the kernel and maps large blocks afresh, so
 every step page-faults its activations in again; and "keep", the policy our process sets
 itself (`jaxrl_vr.host_memory.keep_host_memory`: no mmap'd blocks, no trimming) given to TRL
 through GLIBC_TUNABLES. On a Zen 3 VM whose page faults had become costly, "keep" took TRL's
-step from 160 to 92 s (docs/performance.md "perf25"); measured without it, the ratios
+step from 160 to 92 s (docs/performance.md at 9f22ea1, "perf25"); measured without it, the ratios
 flattered us. Both peers also inherit this process's environment, so an exported
 GLIBC_TUNABLES (for example transparent huge pages for malloc, "perf16") applies to both.
 
@@ -258,7 +258,7 @@ def main(argv=None) -> dict:
                         help="glibc malloc settings for TRL, comma-separated, each run every round: "
                              "'default' (glibc as it comes: freed memory goes back to the kernel) and 'keep' "
                              "(our own policy, keep_host_memory, as GLIBC_TUNABLES); the ratios take TRL's best")
-    parser.add_argument("--out", default=os.path.join(HERE, "rl_step_results.json"))
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "rl_step_results.json"))
     parser.add_argument("--ours-args", default="", help="extra arguments for benchmarks/rl_step.py")
     args = parser.parse_args(argv)
 

@@ -4,7 +4,7 @@ Mixed precision (``model.compute_dtype="bfloat16"``: bf16 operands, float32 accu
 speed-up only where the hardware multiplies bf16 natively. On an AMX Xeon XLA:CPU ran a
 [768, 576] × [576, 1536] dot at 1,719 GFLOP/s in bf16 against 299 GFLOP/s in float32; on an
 AVX2-only EPYC, which converts bf16 operands in software, the same policy reached 47 GFLOP/s
-against 72 GFLOP/s in float32 (docs/performance.md, "perf20"). A run that asks for bf16 on
+against 72 GFLOP/s in float32 (docs/performance.md at 9f22ea1, "perf20"). A run that asks for bf16 on
 such a CPU is told so before it starts (``mixed_precision_advice``), not left to find out.
 
 x86 CPUs with bf16 dot instructions list ``avx512_bf16`` or ``amx_bf16`` in /proc/cpuinfo's

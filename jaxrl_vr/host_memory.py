@@ -5,8 +5,8 @@ XLA:CPU allocates the temporaries of every execution afresh and frees them at it
 straight back to the kernel (``munmap``), so each update first-touches ~707k fresh pages.
 The kernel must zero them, and on a VM with free-page reporting (virtio-balloon) the host has
 usually reclaimed them by the time the next update comes. That cost 5-8 s of kernel CPU per
-update when a rollout ran between updates, against ~2 s back to back (docs/performance.md,
-"perf17").
+update when a rollout ran between updates, against ~2 s back to back (docs/performance.md at
+9f22ea1, "perf17").
 
 ``keep_host_memory()`` makes the process keep what it frees:
 
@@ -122,7 +122,7 @@ def memory_optimized_cpu_schedule() -> HostMemoryPolicy:
     the SmolLM2-135M update of the peer workload needs 2,701 instead of 3,197 MiB of
     temporaries, and its peak RSS falls from 5,806-5,810 to 5,271-5,276 MiB. Its update time
     moved within the VM's noise (29.6-31.2 s against 28.8-30.0 s) and the rollout's not at all
-    (docs/performance.md, "perf24").
+    (docs/performance.md at 9f22ea1, "perf24").
 
     XLA reads the flag from ``XLA_FLAGS`` when it creates the CPU client (a per-compile
     option is accepted but not used by the CPU scheduler), so this appends it to the
@@ -146,7 +146,7 @@ def release_free_heap() -> int | None:
     """Hands the free pages of glibc's heap back to the kernel (``malloc_trim(0)``).
 
     Loading a checkpoint leaves the freed staging copies of its tensors in the heap: 730 MB
-    for SmolLM2-135M's 540 MB of float32 weights (docs/performance.md, "perf18"), resident
+    for SmolLM2-135M's 540 MB of float32 weights (docs/performance.md at 9f22ea1, "perf18"), resident
     until something reuses them. The loaders call this once they are done. It costs
     milliseconds and frees what is already free, so it is safe under ``keep_host_memory()``
     too, which only stops glibc trimming on its own. Returns 1 if memory was released, 0 if

@@ -54,7 +54,7 @@ def mixed_einsum(spec: str, x: jax.Array, y: jax.Array, *, dtype: Any = jnp.floa
     into the producer of the cotangent (the SwiGLU backward wrote its output transposed, 27
     ms instead of ~3 ms per layer and micro-batch on SmolLM2) and runs the weight gradient
     as an Eigen dot; the written-out form keeps every dot a YNNPACK fusion
-    (docs/performance.md, "perf13").
+    (docs/performance.md at 9f22ea1, "perf13").
 
     Args:
       spec: "xsub,ysub->outsub" without ellipsis; every index of x must appear in y or the
@@ -105,7 +105,7 @@ def to_stackable(a: jax.Array) -> jax.Array:
     buffer, and each KV-cache write updates a slice of a layer's cache, both with a
     dynamic-update-slice. XLA:CPU has no bf16 dynamic-update-slice: it converts the whole
     buffer to float32 and back on every write, O(L²) traffic for a stacked residual
-    (perf13 in docs/performance.md: 5.3 s of a 28 s SmolLM2 update, and a 2.4x slower bf16
+    (perf13 in docs/performance.md at 9f22ea1: 5.3 s of a 28 s SmolLM2 update, and a 2.4x slower bf16
     rollout). The same bits as uint16 are stacked in place. A bitcast is
     free on every backend, so this is not CPU-specific code. Inverse: `from_stackable`.
     """
@@ -301,8 +301,8 @@ def logprob_and_entropy(logits_bcv: jax.Array, tokens_bc: jax.Array,
     and three per-token numbers, and forms dz in one elementwise pass over V,
         dz = p·(−ḡ_logp − ḡ_H·(log p + H)) + ḡ_logp·onehot(y).
     JAX's own derivative of logsumexp plus entropy kept further [B, c, V] intermediates
-    alive until the backward pass (191 MB more in the SmolLM2 update; docs/performance.md,
-    perf15).
+    alive until the backward pass (191 MB more in the SmolLM2 update; docs/performance.md
+    at 9f22ea1, perf15).
     """
     tokens_bc = jnp.clip(tokens_bc, 0, logits_bcv.shape[-1] - 1)
     return _logprob_entropy(with_entropy, logits_bcv, tokens_bc)
@@ -403,7 +403,7 @@ def token_logprobs_from_hidden(
     chunk's logits at a time, so peak memory is O(B · chunk · V) instead of O(B · T · V).
     A single chunk (chunk_size >= T) is not checkpointed: it keeps its intermediates for
     the backward pass instead of recomputing the LM-head matmul (faster when B · T · V fits;
-    see docs/performance.md). (With bf16 *parameters* the unembedding gradient is summed
+    see docs/performance.md at 9f22ea1, perf12). (With bf16 *parameters* the unembedding gradient is summed
     over chunks in bf16.)
 
     Args:

@@ -5,7 +5,7 @@ runs it (B: norms and projections in `kept_inputs` pieces, `softmax_keeping_outp
 A swaps those three pieces back for plain JAX (as tests/models/test_decoder.py's
 `_plain_autodiff` does): the block of 2e325d7 but for one later detail both variants share,
 the float32 attention's mask laid out as its logits (perf31). perf31's recorded runs
-(`benchmarks/ab_lean_residuals_epyc_zen5_perf31_update_*.json`) took A from a verbatim copy
+(`benchmarks/results/ab_lean_residuals_epyc_zen5_perf31_update_*.json`) took A from a verbatim copy
 of the 2e325d7 block; this A compiles to the same 1,806 MiB of temporaries in fp32.
 """
 import jax

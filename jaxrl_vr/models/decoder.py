@@ -219,7 +219,7 @@ def _attend_kv_major(q_bthe: jax.Array, k_bske: jax.Array, v_bske: jax.Array, al
     into one axis: [B, Hkv, G·T, Dh] · [B, Hkv, S, Dh]. Every dot then has its contracted
     axis last on both sides and its output in the order the next op reads: a float32
     SmolLM2 update on a Zen 5 EPYC ran about 3 % faster, in 13 of 16 alternated pairs
-    (docs/performance.md, "perf28", "perf29"). Not used for bf16 compute: in this form XLA:CPU ran the batched bf16 dots on
+    (docs/performance.md at 9f22ea1, "perf28", "perf29"). Not used for bf16 compute: in this form XLA:CPU ran the batched bf16 dots on
     float32 copies of their operands ("perf27")."""
     b, t, h, e = q_bthe.shape
     s, kv_heads = k_bske.shape[1], k_bske.shape[2]
@@ -308,7 +308,7 @@ def _attend_one_token(q_btkge: jax.Array, k_bkes: jax.Array, v_bkse: jax.Array, 
     heads per kv head: 3 for SmolLM2): B * Hkv tiny matmuls that a dot library runs far
     below its rate. As one multiply-and-reduce fusion per product the compiled SmolLM2 decode
     step's attention took 40 instead of 69 ms for 30 layers at batch 64 on a 2-core AVX2
-    EPYC (docs/performance.md, "perf20"); over a long cache the dots win again ("perf21"),
+    EPYC (docs/performance.md at 9f22ea1, "perf20"); over a long cache the dots win again ("perf21"),
     so `attend_cache` asks `one_token_form_pays`. A float32 cache only: with a bf16 cache the
     two dots read it as it is, where this form would widen each layer's cache to float32 on
     every step.

@@ -184,7 +184,7 @@ def sample_token_and_logprob(key: jax.Array, logits_bv: jax.Array, *, temperatur
     temperature 1 the draw's unnormalised probabilities exp(z − max z) are the normaliser's
     terms, so log Z = max z + log Σ exp(z − max z) reuses their sum instead of a second exp
     pass over the vocabulary (5.9 ms a decode step at batch 64 over 49k logits on a 2-core
-    AVX2 EPYC, docs/performance.md "perf20"); any other temperature, a filter or greedy
+    AVX2 EPYC, docs/performance.md at 9f22ea1, "perf20"); any other temperature, a filter or greedy
     decoding computes logsumexp(z) as its own pass.
 
     Returns:

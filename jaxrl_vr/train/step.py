@@ -529,7 +529,7 @@ def runtime_zero(anchor: jax.Array) -> jax.Array:
     XLA with every other constant zero of the same shape, among them the layer stacks that
     the prefix's backward pass (after the micro-batch loop) fills, so one buffer of each
     shape lived from the accumulators' start to that backward pass: 516 MiB for
-    SmolLM2-135M through the activation peak (docs/performance.md, "perf24"). XLA keeps
+    SmolLM2-135M through the activation peak (docs/performance.md at 9f22ea1, "perf24"). XLA keeps
     ``x * 0`` for floats (NaN and inf times 0 are NaN), so these zeros stay apart.
     """
     return jnp.zeros((), jnp.float32) * jnp.asarray(anchor, jnp.float32)
@@ -544,7 +544,7 @@ def step_tables(model, batch: "RolloutBatch", cfg: LossConfig) -> dict:
       LM-head weight gradient then adds into a [D, V] accumulator in the layout the dot
       produces it in, and is transposed into the [V, D] embedding's gradient once per step,
       not once per micro-batch (a strided 113 MB transpose-and-add, 57 ms each on SmolLM2-135M
-      on a Zen 5 EPYC; docs/performance.md, "perf27").
+      on a Zen 5 EPYC; docs/performance.md at 9f22ea1, "perf27").
 
     `_accumulate` differentiates the micro-batch objective with respect to these tables and
     sends the summed cotangents back through one VJP of this function.
@@ -656,7 +656,7 @@ def guarded_optimizer_update(optimizer: optax.GradientTransformation, finite: ja
     while its new value was written in place, so XLA copied every moment at the start of
     the step (2 × the parameters: 1,026 MiB for SmolLM2-135M, written and read once per
     step). Inside the taken branch the moments are updated in place without copies
-    (docs/performance.md, "perf24"). A non-finite step also skips the optimizer's arithmetic.
+    (docs/performance.md at 9f22ea1, "perf24"). A non-finite step also skips the optimizer's arithmetic.
 
     Both branches of a cond must return the same types. An optimizer whose update changes
     a state leaf's dtype (optax's own keep theirs; a custom one might, e.g. bf16 moments
