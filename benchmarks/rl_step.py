@@ -7,7 +7,10 @@ template, tokenized as the HF tokenizer does by default), 64 new tokens at tempe
 no stop token (every response is 64 tokens; TRL gets the same by suppressing EOS), reward =
 fraction of digit characters in the completion, GRPO advantages, one AdamW step per rollout
 (lr 1e-6, weight decay 0, grad-norm clip 1.0), β = 0, behaviour log-probs = the step's own
-detached forward (TRL ``num_iterations=1``).
+detached forward (TRL ``num_iterations=1``). Every phase runs through the trainer's own parts:
+``RoundSampler`` (sampler and scoring), ``jaxrl_vr.estimators``, ``build_batch`` /
+``rollout_batch`` and the jitted update of ``make_update_fns`` (the state donated, as in the
+trainer), so what it measures is what ``experiments.train`` runs.
 
 The update runs each prompt's prefix once per group of G samples (``LossConfig.
 prompt_group_size``: the same loss and gradient with less work, docs/performance.md

@@ -34,10 +34,16 @@ def load_config_file(spec: str) -> dict:
     module_spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module
-    module_spec.loader.exec_module(module)
+    try:
+        module_spec.loader.exec_module(module)
+    except SyntaxError as err:
+        raise ConfigError(f"config file {path} line {err.lineno}: {err.msg}.") from None
     if not hasattr(module, "get_config"):
         raise ConfigError(f"config file {path} has no get_config(variant) function.")
-    config = module.get_config(variant or None)
+    try:
+        config = module.get_config(variant or None)
+    except ValueError as err:  # e.g. an unknown variant
+        raise ConfigError(f"config file {path}: {err}") from None
     tree = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     return tree
 

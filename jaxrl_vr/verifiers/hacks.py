@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from jaxrl_vr.verifiers.math_answers import _BOX, _closing_braces, extract_answer
+from jaxrl_vr.verifiers.math_answers import BOX, closing_braces, extract_answer
 
 __all__ = ["DETECTORS", "conflicting_final_answers", "answer_copied_from_prompt",
            "empty_or_truncated_answer", "hack_penalties"]
@@ -30,8 +30,8 @@ def conflicting_final_answers(completion: str) -> bool:
 
     Example: "\\boxed{3} ... or \\boxed{4}" fires; "\\boxed{3} so \\boxed{3}" does not.
     """
-    closing = _closing_braces(completion) if "\\" in completion else {}
-    boxed = {_norm(completion[m.end():closing[m.end() - 1]]) for m in _BOX.finditer(completion)
+    closing = closing_braces(completion) if "\\" in completion else {}
+    boxed = {_norm(completion[m.end():closing[m.end() - 1]]) for m in BOX.finditer(completion)
              if m.end() - 1 in closing}
     stated = {_norm(m.group(1)) for m in _STATED.finditer(completion[-20_000:])}
     return len(boxed - {""}) > 1 or len(stated - {""}) > 1
@@ -59,8 +59,8 @@ def empty_or_truncated_answer(completion: str, truncated: bool = False) -> bool:
     """Empty (whitespace only), cut off by the length limit, or ending inside an unclosed \\boxed{."""
     if truncated or not completion.strip():
         return True
-    boxes = [m.end() - 1 for m in _BOX.finditer(completion)]
-    return bool(boxes) and boxes[-1] not in _closing_braces(completion)
+    boxes = [m.end() - 1 for m in BOX.finditer(completion)]
+    return bool(boxes) and boxes[-1] not in closing_braces(completion)
 
 
 DETECTORS: dict[str, Callable[..., bool]] = {

@@ -26,10 +26,10 @@ import math
 import re
 import threading
 
-__all__ = ["extract_answer", "math_equal", "math_verifier", "warmup", "MAX_ANSWER_CHARS"]
+__all__ = ["BOX", "closing_braces", "extract_answer", "math_equal", "math_verifier", "warmup", "MAX_ANSWER_CHARS"]
 
 MAX_ANSWER_CHARS = 2000
-_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
+BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BOX_NO_BRACE = re.compile(r"\\boxed\s+([^\s{}$]+)")
 _BRACE = re.compile(r"[{}]")
 _ANSWER_IS = re.compile(r"answer\s*(?:is|:)\s*:?\s*", re.IGNORECASE)
@@ -41,7 +41,7 @@ _NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?%?|-?\d+(?:\.\d+)?(?:/\d+)?
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 
-def _closing_braces(text: str) -> dict[int, int]:
+def closing_braces(text: str) -> dict[int, int]:
     """Maps the index of every unescaped "{" to the index of its matching "}" (one pass)."""
     stack: list[int] = []
     closing: dict[int, int] = {}
@@ -60,9 +60,9 @@ def _closing_braces(text: str) -> dict[int, int]:
 
 
 def _last_boxed(text: str) -> str | None:
-    starts = [m.end() - 1 for m in _BOX.finditer(text)]
+    starts = [m.end() - 1 for m in BOX.finditer(text)]
     if starts:
-        closing = _closing_braces(text)
+        closing = closing_braces(text)
         for start in reversed(starts):  # the last *complete* box (a truncated one is skipped)
             if start in closing:
                 return text[start + 1:closing[start]].strip()

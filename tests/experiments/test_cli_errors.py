@@ -103,3 +103,27 @@ def test_overrides_parse_by_type_choose_entries_first_and_switch_sections():
     assert cfg.rl.rewards.hack_detectors == ("empty_or_truncated",) and cfg.rl.pairing is not None
     off = PipelineConfig.from_dict(apply_overrides(tree, [("rl.anchor", "None"), ("rl.estimator", "loo")]))
     assert off.rl.anchor is None and off.rl.estimator.name == "loo"  # curverl's window dropped
+
+
+def test_every_old_flat_key_fails_naming_a_key_that_exists_now():
+    """Each key of the flat layout, set as an override, names its new home, and that home
+    is a key of today's config (or a choice of one)."""
+    import re
+
+    from experiments.config_files import apply_overrides
+    from jaxrl_vr.config_tree import ConfigError, dotted_keys
+    from jaxrl_vr.train.config import MOVED, PipelineConfig
+
+    keys = set(dotted_keys(PipelineConfig)) | {"rl.estimator.window", "rl.estimator.neg_weight",
+                                               "rl.estimator.scope", "rl.batch_strategy.max_rounds",
+                                               "rl.batch_strategy.recheck_interval", "rl.batch_strategy.probe",
+                                               "rl.batch_strategy.lo", "rl.batch_strategy.hi",
+                                               "rl.batch_strategy.adaptive_g_max"}
+    for old in MOVED:
+        if old == "rl.pairing":  # rl.pairing=True still switches pairing on, with its defaults
+            assert PipelineConfig.from_dict(apply_overrides({}, [(old, "True")])).rl.pairing is not None
+            continue
+        with pytest.raises(ConfigError, match=re.escape(f"config key '{old}'")) as err:
+            apply_overrides({}, [(old, "above" if old == "rl.anchor" else "1")])
+        named = re.findall(r"rl\.[a-z_.]+", str(err.value).split("moved:" if "moved:" in str(err.value) else "(", 1)[1])
+        assert named and all(k.rstrip(".") in keys for k in named), (old, str(err.value))

@@ -7,18 +7,18 @@ exec .venv/bin/python -m experiments.compare --root=runs/study \
   --num_samples=256 --budget_fractions=0.5 --jobs=2 --baseline=grpo \
   --common="rl.steps=5000 run.tensorboard=False run.export=False" \
   --arm=grpo \
-  --arm="dr_grpo=rl.advantage=dr_grpo loss.aggregation=seq_mean_token_sum_norm" \
-  --arm="loo=rl.advantage=loo" \
+  --arm="dr_grpo=rl.estimator=dr_grpo loss.aggregation=seq_mean_token_sum_norm" \
+  --arm="loo=rl.estimator=loo" \
   --arm="gspo=loss.ratio=sequence" \
-  --arm="loo_gspo=rl.advantage=loo loss.ratio=sequence" \
-  --arm="loo_gspo_dapo=rl.advantage=loo loss.ratio=sequence rl.dynamic_sampling=True" \
-  --arm="maxrl=rl.advantage=maxrl" \
-  --arm="curverl=rl.advantage=curverl" \
-  --arm="pba=rl.anchor=above rl.anchor_weight=0.1" \
-  --arm="pairing_wgrpo=rl.pairing=True rl.advantage=pair_weighted" \
-  --arm="dapo=rl.dynamic_sampling=True" \
-  --arm="pba_charged=rl.anchor=above rl.anchor_weight=0.1 rl.budget_includes_calibration=True" \
-  --arm="pba8_charged=rl.anchor=above rl.anchor_weight=0.1 rl.anchor_calibration_samples=8 rl.budget_includes_calibration=True" \
+  --arm="loo_gspo=rl.estimator=loo loss.ratio=sequence" \
+  --arm="loo_gspo_dapo=rl.estimator=loo loss.ratio=sequence rl.batch_strategy=dynamic" \
+  --arm="maxrl=rl.estimator=maxrl" \
+  --arm="curverl=rl.estimator=curverl" \
+  --arm="pba=rl.anchor.polarity=above rl.anchor.weight=0.1" \
+  --arm="pairing_wgrpo=rl.pairing=on rl.estimator=pair_weighted" \
+  --arm="dapo=rl.batch_strategy=dynamic" \
+  --arm="pba_charged=rl.anchor.polarity=above rl.anchor.weight=0.1 rl.budget.include_calibration=True" \
+  --arm="pba8_charged=rl.anchor.polarity=above rl.anchor.weight=0.1 rl.anchor.calibration_samples=8 rl.budget.include_calibration=True" \
   --contrast=curverl,maxrl --contrast=pairing_wgrpo,dapo \
   --contrast=loo_gspo,loo --contrast=loo_gspo,gspo --contrast=loo_gspo_dapo,loo_gspo \
   --contrast=pba_charged,pba --contrast=pba8_charged,pba
