@@ -58,7 +58,8 @@ class Parts(NamedTuple):
 
 def build_parts(cfg: PipelineConfig, model, tokenizer, items: Sequence[Any], workdir: str, *,
                 scorer: Callable | None = None, tracker: PromptTracker | None = None,
-                reference_params=None, mesh=None, generate_fn: Callable = generate) -> Parts:
+                hooks: Sequence[Hook] = (), reference_params=None, mesh=None,
+                generate_fn: Callable = generate) -> Parts:
     """The parts of RL on ``model`` over the training ``items`` (TaskItems).
 
     Args:
@@ -68,6 +69,7 @@ def build_parts(cfg: PipelineConfig, model, tokenizer, items: Sequence[Any], wor
       workdir: where metrics, checkpoints and the verifier error log go.
       scorer: ``score(items, completions) -> VerifyResult`` instead of the verifier pool.
       tracker: a PromptTracker over ``items`` (default: a new one).
+      hooks: more hooks (``jaxrl_vr.hooks.Hook``), after the methods of the config.
       reference_params: frozen π_ref params (default: the model's own params, which the
         trainer never changes: it trains a copy).
       mesh: a ``jax.sharding.Mesh``: params and optimizer state are sharded over its
@@ -86,8 +88,8 @@ def build_parts(cfg: PipelineConfig, model, tokenizer, items: Sequence[Any], wor
     strategy = make_batch_strategy(rl.batch_strategy.name, rl.batch_strategy.settings,
                                    context=StrategyContext(rl.prompts_per_step, rl.samples_per_prompt,
                                                            len(items), rl.success_threshold))
-    methods = make_methods(rl, MethodContext(len(items), rl.prompts_per_step, rl.samples_per_prompt,
-                                             rl_seed(cfg), tracker))
+    methods = [*make_methods(rl, MethodContext(len(items), rl.prompts_per_step, rl.samples_per_prompt,
+                                               rl_seed(cfg), tracker)), *hooks]
     source = DataOrder(len(items), seed=rl_seed(cfg))
     for hook in (tracker, strategy, *methods):
         source = hook.wrap_source(source)
@@ -109,9 +111,9 @@ def build_parts(cfg: PipelineConfig, model, tokenizer, items: Sequence[Any], wor
         sampling=SamplingConfig(rl.max_new_tokens, rl.temperature, rl.top_p, rl.top_k,
                                 (tokenizer.eos_id,), tokenizer.pad_id or 0),
         min_prompts=rl.prompts_per_step, generate_fn=generate_fn)
-    hooks = (tracker, strategy, *methods, monitor)
+    all_hooks = (tracker, strategy, *methods, monitor)
     # The update: the KL term is in the loss for β > 0 or a hook's per-prompt KL weights.
-    kl_in_loss = cfg.loss.kl_beta > 0 or any(hook.sets_kl_weights for hook in hooks)
+    kl_in_loss = cfg.loss.kl_beta > 0 or any(hook.sets_kl_weights for hook in all_hooks)
     update = make_update(cfg, graphdef, params, kl_in_loss=kl_in_loss, mesh=mesh)
     reference_params = params if reference_params is None else reference_params
     fns, hyper = update.fns, update.hyper
@@ -139,5 +141,5 @@ def build_parts(cfg: PipelineConfig, model, tokenizer, items: Sequence[Any], wor
         checkpoints.close()
         close_scorer()
 
-    return Parts(cfg, workdir, graphdef, rest, update.initial_state, source, strategy, sampler, hooks,
+    return Parts(cfg, workdir, graphdef, rest, update.initial_state, source, strategy, sampler, all_hooks,
                  update.estimator, update.loss_structure, hyper, build, train, checkpoints, close)

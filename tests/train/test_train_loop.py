@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from jaxrl_vr.hooks import Hook
 from jaxrl_vr.models.tokenizers import CharTokenizer
 from jaxrl_vr.tasks import arithmetic
 from jaxrl_vr.train.checkpoint import Checkpointer
@@ -239,3 +240,56 @@ def test_dynamic_sampling_keeps_only_informative_groups(tmp_path):
     # The logged reward covers every sampled group; the kept-only value has its own name.
     for row in rows:
         assert "kept/reward" in row and 0.0 <= row["reward"] <= 1.0
+
+
+class _Recorder(Hook):
+    """A method the driver knows nothing about: it weights the KL of even prompts, counts
+    what it sees, and checkpoints its count."""
+
+    state_key = "recorder"
+    sets_kl_weights = True
+
+    def __init__(self):
+        self.calls, self.seen = [], 0
+
+    def begin_step(self, step):
+        self.calls.append(("begin", step))
+
+    def observe(self, sampled):
+        self.calls.append(("observe", int(sampled.valid_pg.sum())))
+        self.seen += int(sampled.valid_pg.sum())
+
+    def annotate(self, batch):
+        self.calls.append(("annotate", batch.num_prompts))
+        return batch._replace(kl_weight_p=np.where(batch.prompt_idx_p % 2 == 0, 0.5, 0.0).astype(np.float32))
+
+    def metrics(self, batch):
+        return {"recorder/seen": float(self.seen)}
+
+    def after_step(self, step):
+        self.calls.append(("after", step))
+
+    def state_dict(self):
+        return {"seen": np.asarray(self.seen)}
+
+    def load_state_dict(self, state):
+        self.seen = int(np.asarray(state["seen"]))
+
+
+def test_a_hook_is_called_at_every_point_and_its_state_resumes(tmp_path):
+    rl = RLConfig(steps=2, prompts_per_step=2, samples_per_prompt=4, max_new_tokens=3,
+                  verifier=VerifierConfig(workers=0), checkpoint_every=1, seed=3)
+    recorder = _Recorder()
+    trainer = lib.make_trainer(tmp_path, TOKENIZER, ITEMS, rl=rl, scorer=_parity_scorer, hooks=(recorder,),
+                               optim=OptimConfig(learning_rate=0.05))
+    rows = trainer.run(stop_after=1)
+    trainer.close()
+    assert recorder.calls == [("begin", 0), ("observe", 8), ("annotate", 2), ("after", 1)]
+    assert rows[0]["recorder/seen"] == 8.0
+    assert trainer.parts.loss_structure.use_kl  # its per-prompt KL weights put the KL term in the loss
+    again = _Recorder()
+    resumed = lib.make_trainer(tmp_path, TOKENIZER, ITEMS, rl=rl, scorer=_parity_scorer, hooks=(again,),
+                               optim=OptimConfig(learning_rate=0.05))
+    rows = resumed.run()
+    resumed.close()
+    assert [r["step"] for r in rows] == [2] and rows[0]["recorder/seen"] == 16.0  # 8 restored + 8

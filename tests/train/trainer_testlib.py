@@ -77,7 +77,7 @@ class CausalBagModel(nnx.Module):
 
 
 def make_trainer(workdir, tokenizer, items, *, rl, loss=None, optim=None, model=None, scorer=None,
-                 tracker=None, mesh=None, reference_params=None, chat=False, seed=0):
+                 tracker=None, mesh=None, reference_params=None, chat=False, seed=0, hooks=()):
     """An RLTrainer over ``build_parts`` of a PipelineConfig with these sections (no progress
     bar, no TensorBoard)."""
     from jaxrl_vr.train.config import ModelConfig, PipelineConfig, RunConfig
@@ -90,4 +90,4 @@ def make_trainer(workdir, tokenizer, items, *, rl, loss=None, optim=None, model=
                          model=ModelConfig(chat=chat), run=RunConfig(progress=False, tensorboard=False))
     model = tiny_decoder(tokenizer.vocab_size) if model is None else model
     return RLTrainer(build_parts(cfg, model, tokenizer, items, str(workdir), scorer=scorer,
-                                 tracker=tracker, mesh=mesh, reference_params=reference_params))
+                                 tracker=tracker, mesh=mesh, reference_params=reference_params, hooks=hooks))
