@@ -20,7 +20,7 @@ from typing import NoReturn
 
 from absl import app, flags, logging
 
-from experiments.config_files import ConfigError, build_config, split_override
+from experiments.config_files import ConfigError, build_config
 from jaxrl_vr import compilation_cache
 from jaxrl_vr.host_memory import HostMemoryPolicy, keep_host_memory, memory_optimized_cpu_schedule
 from jaxrl_vr.train.loop import RunInterrupted

@@ -4,8 +4,9 @@ Every phase of an RL step reads and writes a ``Trajectory``: the round sampler m
 one per generation round, batch strategies join, select and pad them, methods annotate
 them (per-prompt KL weights, prompt pairs), the batch builder fills the advantages and
 the behaviour / reference log-probs, and the update trains on its rows
-(``jaxrl_vr.train.batch.rollout_batch``). Host (numpy) arrays; B = P·G rows, prompt-major
-(row b = p·G + g); ``valid_pg`` is the only padding marker.
+(``jaxrl_vr.train.batch.rollout_batch``). Host (numpy) arrays, but for the builder's fields
+(device arrays); B = P·G rows, prompt-major (row b = p·G + g); ``valid_pg`` is the only
+padding marker.
 
 Tokens after the prompt are a sequence of segments: tokens the policy sampled
 (``loss_mask_bt`` True: they are trained on and scored by the policy's log-probs) and, in

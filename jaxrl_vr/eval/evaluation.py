@@ -281,7 +281,7 @@ def evaluation_markdown(evaluation: Mapping[str, Any], *, images: Sequence[str] 
     ks = ev["ks"]
     head = "| | " + " | ".join(f"pass@{k}" for k in ks) + " |"
     rule = "|---|" + "---:|" * len(ks)
-    rows = [f"| evaluated | " + " | ".join(_fmt(ev["pass_at_k"][str(k)]) for k in ks) + " |"]
+    rows = ["| evaluated | " + " | ".join(_fmt(ev["pass_at_k"][str(k)]) for k in ks) + " |"]
     if ev.get("base"):
         rows.append("| base | " + " | ".join(_fmt(ev["base"]["pass_at_k"][str(k)]) for k in ks) + " |")
         rows.append("| Δ | " + " | ".join(f"{ev['delta_pass_at_k'][str(k)]:+.3f}" for k in ks) + " |")

@@ -20,8 +20,8 @@ from flax import nnx
 from jaxrl_vr.train.budget import Budget
 from jaxrl_vr.train.metrics import MetricsWriter, ProgressBar, rollout_metrics
 from jaxrl_vr.train.parts import Parts
-from jaxrl_vr.train.update import LoopState
 from jaxrl_vr.train.saving import RunInterrupted, catch_signals, restore_signals
+from jaxrl_vr.train.update import LoopState
 from jaxrl_vr.trajectory import Trajectory
 
 __all__ = ["Collected", "RLTrainer", "RunInterrupted"]

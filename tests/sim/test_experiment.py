@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from experiments.configs import sim as sim_config
-from jaxrl_vr.sim import SimConfig, simulate_methods
+from jaxrl_vr.sim import SimConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REQUIRED_NAMES = ("num_prompts", "steps", "num_seeds", "group_size", "methods")
