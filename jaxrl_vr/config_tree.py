@@ -82,6 +82,19 @@ def _is_section(hint) -> bool:
     return isinstance(hint, type) and dataclasses.is_dataclass(hint) and not _is_choice(hint)
 
 
+def _section_of(hint):
+    """The dataclass of a section or an optional section (``X | None``), else None."""
+    if _is_section(hint):
+        return hint
+    inner, optional = _unwrap_optional(hint)
+    return inner if optional and _is_section(inner) else None
+
+
+def _choice_node(node) -> dict:
+    """A choice as written in a tree (its name alone, a mapping, or absent) as a new dict."""
+    return {"name": node} if isinstance(node, str) else dict(node or {})
+
+
 def _fields(cls) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls) if f.init}
 
@@ -106,14 +119,13 @@ def dotted_keys(cls, prefix: str = "") -> list[str]:
     out = []
     for name, field in _fields(cls).items():
         hint, key = _hints(cls)[name], f"{prefix}{name}"
-        inner, optional = _unwrap_optional(hint)
         out.append(key)
         if _is_choice(hint):
             default = _default(field)
             settings = hint.REGISTRY[default.name].settings if isinstance(default, Choice) else None
             out += [f"{key}.name"] + (dotted_keys(settings, f"{key}.") if settings else [])
-        elif _is_section(hint) or (optional and _is_section(inner)):
-            out += dotted_keys(inner if optional else hint, f"{key}.")
+        elif _section_of(hint) is not None:
+            out += dotted_keys(_section_of(hint), f"{key}.")
     return out
 
 
@@ -134,6 +146,18 @@ def _unknown_key(path: str, key: str, valid: list[str], moved: Callable[[str], s
     where = path.rstrip(".") or "the top level"
     return ConfigError(f"unknown config key '{full}'{suggestion} Valid keys under {where}: "
                        f"{', '.join(sorted(valid))}.")
+
+
+def _unknown_setting(choice_cls, name: str, key: str, path: str, moved, advice: str = "") -> ConfigError:
+    """The error of a setting ``key`` that the ``choice_cls`` entry ``name`` (at ``path``) lacks:
+    where it moved, or the closest setting it has."""
+    hint = moved(f"{path}.{key}") if moved else None
+    if hint:
+        return ConfigError(f"config key '{path}.{key}' moved: {hint}.")
+    valid = list(_fields(choice_cls.REGISTRY[name].settings))
+    kind = choice_cls.REGISTRY.kind
+    return ConfigError(f"{kind} {name!r} has no setting '{key}'{did_you_mean(key, valid)} (in config "
+                       f"{path}); its settings: {', '.join(valid) or 'none'}.{advice}")
 
 
 def from_tree(cls, tree: Mapping | None = None, path: str = "", *,
@@ -184,25 +208,19 @@ def _build_choice(cls, value, default, path, moved, root):
         raise ConfigError(f"config {path}.name: {cls.REGISTRY.unknown(name)}")
     settings_cls = cls.REGISTRY[name].settings
     rest = {k: v for k, v in value.items() if k != "name"}
-    valid = list(_fields(settings_cls))
     for key in rest:
-        if key not in valid:
-            hint = moved(f"{path}.{key}") if moved else None
-            if hint:
-                raise ConfigError(f"config key '{path}.{key}' moved: {hint}.")
-            raise ConfigError(
-                f"{cls.REGISTRY.kind} {name!r} has no setting '{key}'{did_you_mean(key, valid)} (in "
-                f"config {path}); its settings: {', '.join(valid) or 'none'}.")
+        if key not in _fields(settings_cls):
+            raise _unknown_setting(cls, name, key, path, moved)
     return cls(name, from_tree(settings_cls, rest, f"{path}.", moved=moved, root=root))
 
 
 def _build(hint, value, default, path, moved, root):
-    inner, optional = _unwrap_optional(hint)
     if _is_choice(hint):
         return _build_choice(hint, value, default, path, moved, root)
     if _is_section(hint):
         return value if isinstance(value, hint) else from_tree(hint, value, f"{path}.", moved=moved, root=root)
-    if optional and _is_section(inner):
+    inner = _section_of(hint)
+    if inner is not None:  # an optional section
         if value is None or isinstance(value, inner):
             return value
         if not isinstance(value, Mapping):
@@ -234,7 +252,7 @@ def _check_value(hint, value, path: str):
             return bool(value)
         raise ConfigError(f"config {path} must be True or False, got {value!r}.")
     if hint is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or float(value) != int(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
             raise ConfigError(f"config {path} must be an integer, got {value!r}.")
         return int(value)
     if hint is float:
@@ -279,7 +297,7 @@ def parse_text(hint, text: str, key: str = "value"):
             raise ValueError(text)
         if hint is int:
             number = float(text)
-            if number != int(number):
+            if not number.is_integer():
                 raise ValueError(text)
             return int(number)
         if hint is float:
@@ -318,26 +336,17 @@ def _walk(cls, tree: dict, parts: list[str], path: str, moved, root=None):
     hint, field_default = hints[name], _default(fields[name])
     if not rest:
         return hint, tree, name, None
-    inner, optional = _unwrap_optional(hint)
     if _is_choice(hint):
-        node = tree.get(name)
-        node = {"name": node} if isinstance(node, str) else dict(node or {})
-        tree[name] = node
+        node = tree[name] = _choice_node(tree.get(name))
         if rest == ["name"]:
             return str, node, "name", hint
         choice_name = node.get("name", field_default.name)
         settings_cls = hint.REGISTRY[choice_name].settings
         if rest[0] not in _fields(settings_cls):
-            valid = list(_fields(settings_cls))
-            hint_text = moved(f"{full}.{rest[0]}") if moved else None
-            if hint_text:
-                raise ConfigError(f"config key '{full}.{rest[0]}' moved: {hint_text}.")
-            raise ConfigError(
-                f"{hint.REGISTRY.kind} {choice_name!r} has no setting '{rest[0]}'"
-                f"{did_you_mean(rest[0], valid)} (in config {full}); its settings: "
-                f"{', '.join(valid) or 'none'}. Choose the {hint.REGISTRY.kind} first: {full}.name=...")
+            raise _unknown_setting(hint, choice_name, rest[0], full, moved,
+                                   f" Choose the {hint.REGISTRY.kind} first: {full}.name=...")
         return _walk(settings_cls, node, rest, f"{full}.", moved, root)
-    section = hint if _is_section(hint) else inner if optional and _is_section(inner) else None
+    section = _section_of(hint)
     if section is None:
         raise ConfigError(f"config key '{full}' is a value, not a section: '{full}.{'.'.join(rest)}' "
                           "does not exist.")
@@ -371,14 +380,15 @@ def set_key(cls, tree: Mapping, key: str, text: str, *, moved=None) -> dict:
     """
     tree = _copy(tree)
     hint, parent, name, choice_of = _walk(cls, tree, key.split("."), "", moved, cls)
-    inner, optional = _unwrap_optional(hint)
+    section = _section_of(hint)
+    optional = section is not None and not _is_section(hint)
     if choice_of is not None:  # key is a choice's name: parent is the choice's node
         switched = _choice_with_name(choice_of, parent, text)
         parent.clear()
         parent.update(switched)
     elif _is_choice(hint):
         parent[name] = _choice_with_name(hint, parent.get(name), text)
-    elif _is_section(hint) or (optional and _is_section(inner)):
+    elif section is not None:
         low = text.strip().lower()
         if optional and (text in NONE_SPELLINGS or low in _FALSE):
             parent[name] = None
@@ -386,7 +396,6 @@ def set_key(cls, tree: Mapping, key: str, text: str, *, moved=None) -> dict:
             node = parent.get(name)
             parent[name] = dict(node) if isinstance(node, Mapping) else {}
         else:
-            section = inner if optional else hint
             example = next(iter(_fields(section)), "name")
             onoff = (f", switch it on with its defaults by '{key}=on' or off by '{key}=None'"
                      if optional else "")
@@ -402,6 +411,6 @@ def _choice_with_name(cls, node, name: str) -> dict:
     """The choice node switched to ``name``, keeping only the settings that entry has."""
     if name not in cls.REGISTRY:
         raise ConfigError(cls.REGISTRY.unknown(name))
-    node = {"name": node} if isinstance(node, str) else dict(node or {})
+    node = _choice_node(node)
     keep = _fields(cls.REGISTRY[name].settings)
     return {"name": name, **{k: v for k, v in node.items() if k in keep}}

@@ -48,10 +48,9 @@ __all__ = ["ESTIMATORS", "Entry", "Estimator", "EstimatorContext", "make_estimat
 
 
 class EstimatorContext(NamedTuple):
-    """What the run tells every estimator: batch shape and the success threshold."""
+    """What the run tells every estimator: prompts per batch and the success threshold."""
 
     num_prompts: int = 0  # P of a training batch (CurveRL's window width)
-    group_size: int = 0  # G
     success_threshold: float = 0.5
 
 
@@ -208,14 +207,14 @@ ESTIMATORS = Registry("advantage estimator", {
 
 
 def make_estimator(name: str, settings: Any = None, *, context: EstimatorContext | None = None,
-                   num_prompts: int = 0, group_size: int = 0, success_threshold: float = 0.5,
+                   num_prompts: int = 0, success_threshold: float = 0.5,
                    **setting_values) -> Estimator:
     """The registered estimator ``name``.
 
     Args:
       name: a key of ``ESTIMATORS``.
       settings: its settings dataclass; default: built from ``setting_values``.
-      context: the EstimatorContext; default: from num_prompts, group_size, success_threshold.
+      context: the EstimatorContext; default: from num_prompts and success_threshold.
       **setting_values: the entry's settings by name (e.g. ``window=10`` for curverl).
     """
     entry = ESTIMATORS[name]
@@ -224,7 +223,7 @@ def make_estimator(name: str, settings: Any = None, *, context: EstimatorContext
     elif setting_values:
         raise TypeError("pass either settings or setting values, not both.")
     if context is None:
-        context = EstimatorContext(num_prompts, group_size, success_threshold)
+        context = EstimatorContext(num_prompts, success_threshold)
     return entry.fn(settings, context)
 
 
@@ -232,7 +231,7 @@ def make_estimator(name: str, settings: Any = None, *, context: EstimatorContext
 def needs_groups(name: str, settings: Any = None) -> bool:
     """Whether the estimator's advantage is identically 0 with one sample per prompt (it
     subtracts a group baseline): measured on two one-sample groups with different rewards."""
-    estimator = make_estimator(name, settings, context=EstimatorContext(2, 1, 0.5))
+    estimator = make_estimator(name, settings, context=EstimatorContext(2, 0.5))
     rewards_pg = jnp.asarray([[1.0], [0.0]], jnp.float32)
     valid_pg = jnp.ones((2, 1), bool)
     adv_pg, _ = estimator.update(rewards_pg, valid_pg, rewards_pg, estimator.init())

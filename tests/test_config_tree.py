@@ -67,6 +67,7 @@ def test_absent_keys_keep_defaults_and_trees_round_trip():
     ({"steps": 1}, r"unknown config key 'steps'; did you mean 'section\.steps'\?"),  # right name, other section
     ({"section": {"steps": "3"}}, r"config section\.steps must be an integer, got '3'"),
     ({"section": {"steps": True}}, r"section\.steps must be an integer"),
+    ({"section": {"steps": float("inf")}}, r"section\.steps must be an integer, got inf"),
     ({"section": {"flag": 1}}, r"section\.flag must be True or False"),
     ({"section": {"rate": "x"}}, r"section\.rate must be a number"),
     ({"section": {"fractions": 0.5}}, r"section\.fractions must be a list"),
@@ -115,6 +116,7 @@ def test_set_key_parses_by_type_and_switches_choices_and_sections():
 @pytest.mark.parametrize("key, text, match", [
     ("section.steps", "abc", r"section\.steps must be an integer, got 'abc'"),
     ("section.steps", "1.5", r"must be an integer"),
+    ("section.steps", "inf", r"section\.steps must be an integer, got 'inf'"),
     ("section.flag", "maybe", r"must be true or false"),
     ("section.steps.x", "1", r"'section\.steps' is a value, not a section"),
     ("section", "1", r"'section' is a section; set one of its keys"),

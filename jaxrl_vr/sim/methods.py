@@ -71,7 +71,7 @@ def make_sim_estimator(name: str, cfg) -> Estimator:
     """``jaxrl_vr.estimators``' estimator ``name`` for the simulator's batches (binary
     rewards: the rewards are the successes)."""
     return make_estimator(name, estimator_settings(name, cfg),
-                          context=EstimatorContext(cfg.batch_prompts, cfg.group_size, 0.5))
+                          context=EstimatorContext(cfg.batch_prompts, 0.5))
 
 
 # ------------------------------------------------------------------------- selection

@@ -9,7 +9,6 @@ base, per-prompt trajectories of a sample of prompts — each as a mean over see
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
 from typing import Sequence
@@ -17,6 +16,7 @@ from typing import Sequence
 import numpy as np
 from scipy import stats as scipy_stats
 
+from jaxrl_vr import atomic
 from jaxrl_vr.sim.config import SimConfig
 from jaxrl_vr.sim.engine import HEADLINE_KS, NUM_REGIMES, REGIME_ROWS, SimRun
 from jaxrl_vr.sim.population import exact_pass_at_k
@@ -144,12 +144,13 @@ def summarize(runs: Sequence[SimRun], cfg: SimConfig) -> dict:
 
 
 def write_json(summary: dict, workdir: str | os.PathLike, name: str = "simulation.json"):
-    path = pathlib.Path(workdir) / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(summary, separators=(",", ":"), allow_nan=False))
-    tmp.replace(path)
-    return path
+    return atomic.write_json(pathlib.Path(workdir) / name, summary, indent=None, separators=(",", ":"),
+                             allow_nan=False, sort_keys=False)
+
+
+def _save_png(fig, path: pathlib.Path) -> None:
+    with atomic.replaced(path, suffix=".tmp.png") as tmp:
+        fig.savefig(tmp, dpi=60)
 
 
 # ---------------------------------------------------------------------------- plots
@@ -187,7 +188,7 @@ def write_plots(runs: Sequence[SimRun], workdir: str | os.PathLike) -> list[path
     axes[0, 0].legend(fontsize=8)
     fig.tight_layout()
     paths.append(workdir / "delta_passk_by_regime.png")
-    fig.savefig(paths[-1], dpi=60)
+    _save_png(fig, paths[-1])
     plt.close(fig)
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
@@ -201,7 +202,7 @@ def write_plots(runs: Sequence[SimRun], workdir: str | os.PathLike) -> list[path
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     paths.append(workdir / "lost_prompts.png")
-    fig.savefig(paths[-1], dpi=60)
+    _save_png(fig, paths[-1])
     plt.close(fig)
 
     cols = len(runs)
@@ -224,7 +225,7 @@ def write_plots(runs: Sequence[SimRun], workdir: str | os.PathLike) -> list[path
     axes[0, 0].legend(fontsize=7, markerscale=4)
     fig.tight_layout()
     paths.append(workdir / "pbase_vs_pfinal.png")
-    fig.savefig(paths[-1], dpi=60)
+    _save_png(fig, paths[-1])
     plt.close(fig)
 
     fig, axes = plt.subplots(1, NUM_REGIMES + 1, figsize=(3.6 * (NUM_REGIMES + 1), 3.4))
@@ -244,7 +245,7 @@ def write_plots(runs: Sequence[SimRun], workdir: str | os.PathLike) -> list[path
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     paths.append(workdir / "delta_passk_final.png")
-    fig.savefig(paths[-1], dpi=60)
+    _save_png(fig, paths[-1])
     plt.close(fig)
     return paths
 

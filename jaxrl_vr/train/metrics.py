@@ -286,6 +286,7 @@ def rollout_metrics(batch: Trajectory, sampled: Trajectory, *, success_threshold
         "reward_terms/hack": float(np.sum(sampled.hack_b[sampled_b])) / samples,
         "generated_tokens": stats.generated_tokens,
         "generated_samples": stats.generated_samples,
+        "sample_rounds": stats.rounds,
         "time_sample_s": stats.sample_s,
         "time_verify_s": stats.verify_s,
         "verifier_errors": stats.verifier_errors,

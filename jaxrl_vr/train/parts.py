@@ -77,7 +77,7 @@ def build_parts(cfg: PipelineConfig, model, tokenizer, items: Sequence[Any], wor
         ``data`` × ``fsdp``.
       generate_fn: the sampler (``jaxrl_vr.sampling.generate``).
     """
-    rl = cfg.rl
+    rl, seed = cfg.rl, rl_seed(cfg)
     if len(items) < rl.prompts_per_step:
         raise ValueError(f"rl.prompts_per_step={rl.prompts_per_step} exceeds the {len(items)} "
                          "training items.")
@@ -89,8 +89,8 @@ def build_parts(cfg: PipelineConfig, model, tokenizer, items: Sequence[Any], wor
                                    context=StrategyContext(rl.prompts_per_step, rl.samples_per_prompt,
                                                            len(items), rl.success_threshold))
     methods = [*make_methods(rl, MethodContext(len(items), rl.prompts_per_step, rl.samples_per_prompt,
-                                               rl_seed(cfg), tracker)), *hooks]
-    source = DataOrder(len(items), seed=rl_seed(cfg))
+                                               seed, tracker)), *hooks]
+    source = DataOrder(len(items), seed=seed)
     for hook in (tracker, strategy, *methods):
         source = hook.wrap_source(source)
     # Rounds: sampler -> verifiers (watched by the monitor) -> rewards.
@@ -131,7 +131,7 @@ def build_parts(cfg: PipelineConfig, model, tokenizer, items: Sequence[Any], wor
     def train(train_state, batch: Trajectory, step: int):
         return update_on_batch(lambda s, b: fns.train_step(s, b, hyper, rest), train_state,
                                rollout_batch(batch), num_epochs=rl.num_epochs,
-                               num_minibatches=rl.num_minibatches, seed=rl_seed(cfg), step=step, mesh=mesh,
+                               num_minibatches=rl.num_minibatches, seed=seed, step=step, mesh=mesh,
                                nonfinite_dir=workdir)
 
     checkpoints = RunCheckpoints(workdir, every=rl.checkpoint_every, max_to_keep=rl.max_to_keep,

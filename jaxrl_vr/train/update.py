@@ -118,7 +118,7 @@ def make_update(cfg: PipelineConfig, graphdef, params, *, kl_in_loss: bool, mesh
         # prompt's prefix runs once per group (same loss and gradient, less work).
         structure = dataclasses.replace(structure, prompt_group_size=rl.batch_group_size)
     estimator = make_estimator(rl.estimator.name, rl.estimator.settings, context=EstimatorContext(
-        rl.prompts_per_step, rl.batch_group_size, rl.success_threshold))
+        rl.prompts_per_step, rl.success_threshold))
     train_state = step_lib.init_train_state(jax.tree.map(jnp.copy, params), make_optimizer(cfg.optim), loss)
     state_sharding = None if mesh is None else parallel.train_state_shardings(train_state, mesh)
     if state_sharding is not None:

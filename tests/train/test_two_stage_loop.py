@@ -65,6 +65,7 @@ def test_nothing_continues_counts_only_probe_samples_and_the_tracker_advances_on
     batch, info = _collect(trainer)
     assert info["two_stage/continued_frac"] == 0.0
     assert info["generated_samples"] == P * G_PROBE == 4
+    assert info["sample_rounds"] == 1  # the probe only
     mask_pgt = np.asarray(batch.loss_mask_bt).reshape(P, G_FULL, T)
     assert not mask_pgt[:, G_PROBE:].any()  # padding slots carry no token
     assert info["generated_tokens"] == float(mask_pgt.sum())
@@ -82,6 +83,7 @@ def test_only_prompts_in_band_continue(tmp_path):
     assert info["two_stage/continued_frac"] == 0.5
     # 2·2 probe samples + 1 continued prompt · (4 − 2) = 6 samples generated.
     assert info["generated_samples"] == 6
+    assert info["sample_rounds"] == 2  # probe, then the continued prompts
     valid_pg = np.asarray(batch.loss_mask_bt).reshape(P, G_FULL, T).any(2)
     assert valid_pg.sum(1).tolist() == [G_PROBE, G_FULL]
     trainer.close()
