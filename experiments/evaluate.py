@@ -27,6 +27,7 @@ from jaxrl_vr import eval as eval_lib
 from jaxrl_vr import compilation_cache, layout
 from jaxrl_vr.train import run_io
 from jaxrl_vr.train.evaluate import PolicyEval, eval_layout, evaluate_policy
+from jaxrl_vr.train.rollout import episode_runner
 
 
 def define_flags() -> None:
@@ -111,6 +112,7 @@ def sample_run(
         max_chunks=max_chunks,
         progress=progress,
         desc=desc,
+        episodes=episode_runner(cfg, run.tokenizer, max_total_tokens=run.max_new_tokens),
     )
     return result, eval_lib.fingerprint_digest(fingerprint)
 

@@ -32,6 +32,7 @@ BUDGET_MARKS = BUDGET_CHECKPOINTS + ".json"
 METRICS = "metrics.jsonl"
 TENSORBOARD = "tb"
 VERIFIER_ERRORS = "verifier_errors.jsonl"
+ROLLOUTS = "rollouts"  # rollouts/step_<S>.jsonl: run.dump_rollouts episodes of each step
 NONFINITE_PREFIX = "nonfinite_step_"
 SUMMARY = "summary.json"
 SUMMARY_REEVALUATED = "summary_reevaluated.json"

@@ -49,6 +49,12 @@ class RolloutStats:
       sample_s, verify_s: seconds in the sampler and in scoring (decode, verifiers, shaping).
       verifier_errors, verifier_timeouts, verifier_unparsable: samples per verifier status.
       detector_counts: (detector name, samples it fired on) per enabled hack detector.
+      env_tokens: tokens environments and templates wrote into episodes (not sampled, not
+        charged to the token budget, counted on their own).
+      turns: model turns over every episode (= generated_samples for single-turn tasks).
+      tool_calls, tool_calls_valid, tool_calls_ok: tool calls made, those that parsed
+        (a known tool, readable arguments) and those that ran without an error.
+      env_errors: episodes ended by an environment that raised, hung or returned non-text.
       strategy: the batch strategy's own typed record (e.g. ``DynamicStats``), or None.
     """
 
@@ -61,6 +67,12 @@ class RolloutStats:
     verifier_timeouts: float = 0.0
     verifier_unparsable: float = 0.0
     detector_counts: tuple = ()
+    env_tokens: float = 0.0
+    turns: float = 0.0
+    tool_calls: float = 0.0
+    tool_calls_valid: float = 0.0
+    tool_calls_ok: float = 0.0
+    env_errors: float = 0.0
     strategy: Any = None
 
     def __add__(self, other: "RolloutStats") -> "RolloutStats":

@@ -55,6 +55,7 @@ class Budget:
     generated_tokens: float = 0.0  # RL rollouts: every sampled token (probes, dropped groups, padding)
     calibration_tokens: float = 0.0  # training-prompt calibration passes before RL (PBA, pairing)
     generated_samples: float = 0.0
+    env_tokens: float = 0.0  # tokens environments wrote into episodes (tool outputs, templates): not charged
     trained_tokens: float = 0.0
     sample_s: float = 0.0
     verify_s: float = 0.0
@@ -77,6 +78,7 @@ class Budget:
         """Accounts one RL step: what its rounds cost (``stats``) and its update."""
         self.generated_tokens += stats.generated_tokens
         self.generated_samples += stats.generated_samples
+        self.env_tokens += stats.env_tokens
         self.trained_tokens += trained_tokens
         self.sample_s += stats.sample_s
         self.verify_s += stats.verify_s

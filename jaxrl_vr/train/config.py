@@ -33,6 +33,8 @@ from typing import Any
 
 from jaxrl_vr import config_tree
 from jaxrl_vr.config_tree import Choice, ConfigError
+from jaxrl_vr.envs.library import ENVIRONMENTS
+from jaxrl_vr.envs.tools import TOOLS
 from jaxrl_vr.estimators import ESTIMATORS, needs_groups
 from jaxrl_vr.registry import closest
 from jaxrl_vr.selection.strategies import BATCH_STRATEGIES, batch_group_size
@@ -50,12 +52,19 @@ __all__ = ["BudgetConfig", "ConfigError", "EstimatorChoice", "EvalConfig", "Mode
            "TaskConfig", "VerifierConfig", "moved_key", "upgrade_legacy", "validate"]
 
 DTYPES = ("float32", "bfloat16")
+BUILTIN_TASKS = ("arithmetic", "tool_arith")  # what the character-level builtin model can read
 
 
 class EstimatorChoice(Choice):
     """``rl.estimator``: an advantage estimator by name, with its own settings."""
 
     REGISTRY = ESTIMATORS
+
+
+class EnvChoice(Choice):
+    """``task.env``: single_turn | tools (``jaxrl_vr.envs.ENVIRONMENTS``), with its settings."""
+
+    REGISTRY = ENVIRONMENTS
 
 
 class StrategyChoice(Choice):
@@ -196,6 +205,14 @@ class TaskConfig:
       instruction: text appended to every prompt (e.g. a boxed-answer instruction).
       rg_tasks: comma-separated reasoning-gym generator names (mixed evenly).
       rg_config: JSON object of generator kwargs, either shared or {task: kwargs}.
+      env: the environment of an episode (``jaxrl_vr.envs``): "single_turn" (one answer)
+        or "tools" (tool calls between turns), with its settings (``task.env.call_open``...).
+      tools: registered tools the environment offers (``task.tools=python``).
+      max_turns: model turns per episode (> 1 for tool use). rl.max_new_tokens bounds every
+        token after the prompt (model and environment together).
+      max_turn_tokens: tokens per model turn (0 = rl.max_new_tokens).
+      max_observation_tokens: tokens of one observation's content (longer ones are cut).
+      tool_share: tool_arith: share of the supervised demonstrations that call the tool.
     """
 
     name: str = "arithmetic"
@@ -212,10 +229,25 @@ class TaskConfig:
     instruction: str = ""
     rg_tasks: str = "chain_sum"
     rg_config: str = "{}"
+    env: EnvChoice = EnvChoice("single_turn")
+    tools: tuple[str, ...] = ()
+    max_turns: int = 1
+    max_turn_tokens: int = 0
+    max_observation_tokens: int = 64
+    tool_share: float = 0.3
 
     def __post_init__(self):
         object.__setattr__(self, "levels", tuple(int(v) for v in self.levels))
         _need(self.name in TASK_SOURCES, f"name: {TASK_SOURCES.unknown(self.name)}")
+        for tool in self.tools:
+            _need(tool in TOOLS, f"tools: {TOOLS.unknown(tool)}")
+        _need(self.max_turns >= 1 and self.max_turn_tokens >= 0 and self.max_observation_tokens >= 1,
+              "max_turns and max_observation_tokens must be >= 1, max_turn_tokens >= 0 (0 = rl.max_new_tokens).")
+        _need(self.env.name != "tools" or bool(self.tools),
+              "env=tools offers no tool; set task.tools (e.g. task.tools=python).")
+        _need(self.env.name != "tools" or self.max_turns >= 2,
+              "env=tools needs task.max_turns >= 2 (a call, then the answer).")
+        _need(0.0 <= self.tool_share <= 1.0, f"tool_share={self.tool_share} must lie in [0, 1].")
         _need(self.num_train >= 0 and self.num_eval >= 0, "num_train and num_eval must be >= 0.")
         if self.name == "arithmetic":
             _need(bool(self.levels) and set(self.levels) <= set(LEVELS),
@@ -314,6 +346,8 @@ class RunConfig:
       compilation_cache: compiled programs kept on disk for the next run
         (``jaxrl_vr.compilation_cache``): "auto" = ~/.cache/jaxrl_vr/xla/<machine key>,
         "" = off, or a directory.
+      dump_rollouts: the first N episodes of each step go to ``rollouts/step_<S>.jsonl``
+        (token ids, loss mask, model/env segments, tool calls, reward and its terms); 0 = off.
     """
 
     progress: bool = True
@@ -323,6 +357,7 @@ class RunConfig:
     keep_host_memory: bool = True
     cpu_memory_schedule: bool = True
     compilation_cache: str = "auto"
+    dump_rollouts: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,9 +418,12 @@ def _check_rl(cfg: PipelineConfig) -> None:
 
 def _check_model_and_task(cfg: PipelineConfig) -> None:
     model, task, rl = cfg.model, cfg.task, cfg.rl
-    _need(not (model.source == "builtin" and task.name != "arithmetic"),
-          f"model.source='builtin' is the character-level model of the arithmetic task; "
+    _need(not (model.source == "builtin" and task.name not in BUILTIN_TASKS),
+          f"model.source='builtin' is the character-level model of the built-in tasks {BUILTIN_TASKS}; "
           f"task.name={task.name!r} needs a real model (model.source=hf, gguf or smollm2).")
+    _need(task.max_turn_tokens <= rl.max_new_tokens,
+          f"task.max_turn_tokens={task.max_turn_tokens} exceeds rl.max_new_tokens={rl.max_new_tokens}, "
+          "which bounds every token after the prompt; raise rl.max_new_tokens.")
     _need(rl.prompts_per_step <= task.num_train or task.num_train == 0
           or task.name in ("jsonl", "parquet"),
           f"rl.prompts_per_step={rl.prompts_per_step} exceeds task.num_train={task.num_train}.")

@@ -24,7 +24,8 @@ from jaxrl_vr.hooks import Hook
 from jaxrl_vr.layout import BASE_CALIBRATION, BASE_EVAL
 from jaxrl_vr.sampling import generate
 from jaxrl_vr.train.config import PipelineConfig
-from jaxrl_vr.train.rollout import decode_responses, encode_prompts
+from jaxrl_vr.envs.episodes import EpisodeRunner
+from jaxrl_vr.train.rollout import decode_responses, encode_episode_prompts, encode_prompts, episode_runner
 from jaxrl_vr.train.workdir import cached_counts, digest
 from jaxrl_vr.verifiers.pool import score_serial
 
@@ -44,6 +45,7 @@ def count_successes(
     system_prompt: str | None = None,
     scorer: Callable | None = None,
     success_threshold: float = 0.5,
+    episodes: EpisodeRunner | None = None,
 ) -> dict:
     """Samples ``num_samples`` responses per item and counts the correct ones.
 
@@ -61,6 +63,8 @@ def count_successes(
       system_prompt: system message of chat prompts (None = the template's default).
       scorer: ``score(items, completions) -> VerifyResult``; default in-process scoring.
       success_threshold: a sample counts as correct when its score is >= this.
+      episodes: an `EpisodeRunner` for environment tasks (its final model turn is scored;
+        lengths count model tokens); None = single-turn ``generate``.
 
     Returns:
       {"counts": int64 [P] correct out of n, "n": n, "generated_tokens": int,
@@ -70,11 +74,7 @@ def count_successes(
     items = list(items)
     if not items:
         raise ValueError("count_successes needs at least one item.")
-    width = (
-        prompt_width
-        or encode_prompts(tokenizer, [it.prompt for it in items], chat=chat,
-                          system_prompt=system_prompt)[0].shape[1]
-    )
+    width = prompt_width or _encode(tokenizer, items, None, chat, system_prompt, episodes)[0].shape[1]
     chunk = min(prompts_per_chunk, len(items))
     counts = np.zeros(len(items), np.int64)
     statuses: dict[str, int] = {}
@@ -84,23 +84,12 @@ def count_successes(
         part = items[start : start + chunk]
         real = len(part)
         part = part + [part[-1]] * (chunk - real)
-        tokens_ps, mask_ps = encode_prompts(tokenizer, [it.prompt for it in part], width, chat=chat,
-                                          system_prompt=system_prompt)
+        tokens_ps, mask_ps = _encode(tokenizer, part, width, chat, system_prompt, episodes)
         key, sub = jax.random.split(key)
-        rollout = generate(
-            sub,
-            model,
-            tokens_ps,
-            mask_ps,
-            num_samples=num_samples,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            stop_token_ids=(tokenizer.eos_id,),
-            pad_id=tokenizer.pad_id or 0,
-        )
-        tokens_bt = np.asarray(rollout.tokens_bt)[: real * num_samples]
-        mask_bt = np.asarray(rollout.mask_bt, bool)[: real * num_samples]
-        texts = decode_responses(tokenizer, tokens_bt, mask_bt)
+        sampled = _sample(sub, model, tokenizer, part, tokens_ps, mask_ps, num_samples=num_samples,
+                          max_new_tokens=max_new_tokens, temperature=temperature, episodes=episodes)
+        mask_bt = sampled.mask_bt[: real * num_samples]
+        texts = sampled.texts[: real * num_samples]
         result = scorer([it for it in part[:real] for _ in range(num_samples)], texts)
         ok = (np.asarray(result.scores) >= success_threshold).reshape(real, num_samples)
         counts[start : start + real] = ok.sum(axis=1)
@@ -118,6 +107,40 @@ def count_successes(
     }
 
 
+class Sampled(NamedTuple):
+    """One evaluation call's samples: the texts the verifier scores, the model's tokens
+    (mask), their log-probs and truncation, B = P·n rows."""
+
+    texts: list
+    mask_bt: np.ndarray
+    logp_bt: np.ndarray
+    truncated_b: np.ndarray
+
+
+def _encode(tokenizer, items, width, chat, system_prompt, episodes):
+    if episodes is not None:
+        return encode_episode_prompts(episodes, items, width)
+    return encode_prompts(tokenizer, [it.prompt for it in items], width, chat=chat, system_prompt=system_prompt)
+
+
+def _sample(key, model, tokenizer, items, tokens_ps, mask_ps, *, num_samples, max_new_tokens, temperature,
+            episodes) -> Sampled:
+    """``generate`` for single-turn tasks, the episode runner for environment tasks."""
+    if episodes is not None:
+        ep = episodes.run(key, model, items, tokens_ps, mask_ps, num_samples=num_samples, temperature=temperature)
+        return Sampled(list(ep.final_texts), ep.loss_mask_bt, ep.logp_bt, ep.truncated_b)
+    rollout = generate(key, model, tokens_ps, mask_ps, num_samples=num_samples, max_new_tokens=max_new_tokens,
+                       temperature=temperature, stop_token_ids=(tokenizer.eos_id,), pad_id=tokenizer.pad_id or 0)
+    mask_bt = np.asarray(rollout.mask_bt, bool)
+    return Sampled(decode_responses(tokenizer, np.asarray(rollout.tokens_bt), mask_bt), mask_bt,
+                   np.asarray(rollout.logp_bt), np.asarray(rollout.truncated_b, bool))
+
+
+def run_episodes_or_none(cfg: PipelineConfig, tokenizer) -> EpisodeRunner | None:
+    """The evaluation's episode runner (``eval.max_new_tokens`` bounds an episode), or None."""
+    return episode_runner(cfg, tokenizer, max_total_tokens=cfg.eval.max_new_tokens or cfg.rl.max_new_tokens)
+
+
 def evaluate_counts(model, tokenizer, items, cfg: PipelineConfig, seed_offset: int, *,
                     num_samples: int | None = None) -> dict:
     """``count_successes`` with the run's evaluation settings: ``num_samples`` (default
@@ -133,7 +156,8 @@ def evaluate_counts(model, tokenizer, items, cfg: PipelineConfig, seed_offset: i
         max_new_tokens=cfg.eval.max_new_tokens or cfg.rl.max_new_tokens,
         key=jax.random.key(cfg.seed * 7919 + seed_offset), temperature=cfg.eval.temperature,
         prompts_per_chunk=max(1, responses_per_chunk // num_samples), chat=cfg.model.chat,
-        system_prompt=cfg.model.system_prompt, success_threshold=cfg.rl.success_threshold)
+        system_prompt=cfg.model.system_prompt, success_threshold=cfg.rl.success_threshold,
+        episodes=run_episodes_or_none(cfg, tokenizer))
 
 
 def cached_evaluation(path: str, key: dict, model, tokenizer, items, cfg: PipelineConfig,
@@ -250,38 +274,29 @@ class PolicyEval(NamedTuple):
 
 
 def _sample_chunk(model, tokenizer, items, *, layout, num_samples, max_new_tokens, key, temperature,
-                  prompt_width, chat, scorer, success_threshold) -> dict:
+                  prompt_width, chat, scorer, success_threshold, episodes=None) -> dict:
     real = len(items)
     padded = items + [items[-1]] * (layout.prompts_per_chunk - real)
-    tokens_ps, mask_ps = encode_prompts(tokenizer, [it.prompt for it in padded], prompt_width, chat=chat)
+    tokens_ps, mask_ps = _encode(tokenizer, padded, prompt_width, chat, None, episodes)
     per_call = layout.samples_per_call
     counts = np.zeros(real, np.int64)
     length_sum = np.zeros(real, np.int64)
     neg_logp_sum = np.zeros(real, np.float64)
     truncated = np.zeros(real, np.int64)
     for block in range(num_samples // per_call):
-        rollout = generate(
-            jax.random.fold_in(key, block),
-            model,
-            tokens_ps,
-            mask_ps,
-            num_samples=per_call,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            stop_token_ids=(tokenizer.eos_id,),
-            pad_id=tokenizer.pad_id or 0,
-        )
+        sampled = _sample(jax.random.fold_in(key, block), model, tokenizer, padded, tokens_ps, mask_ps,
+                          num_samples=per_call, max_new_tokens=max_new_tokens, temperature=temperature,
+                          episodes=episodes)
         keep = real * per_call
-        tokens_bt = np.asarray(rollout.tokens_bt)[:keep]
-        mask_bt = np.asarray(rollout.mask_bt, bool)[:keep]
-        logp_bt = np.asarray(rollout.logp_bt, np.float64)[:keep]
-        texts = decode_responses(tokenizer, tokens_bt, mask_bt)
+        mask_bt = sampled.mask_bt[:keep]
+        logp_bt = np.asarray(sampled.logp_bt, np.float64)[:keep]
+        texts = sampled.texts[:keep]
         result = scorer([it for it in items for _ in range(per_call)], texts)
         ok_pg = (np.asarray(result.scores) >= success_threshold).reshape(real, per_call)
         counts += ok_pg.sum(axis=1)
         length_sum += mask_bt.sum(axis=1).reshape(real, per_call).sum(axis=1)
         neg_logp_sum += -np.where(mask_bt, logp_bt, 0.0).sum(axis=1).reshape(real, per_call).sum(axis=1)
-        truncated += np.asarray(rollout.truncated_b, bool)[:keep].reshape(real, per_call).sum(axis=1)
+        truncated += sampled.truncated_b[:keep].reshape(real, per_call).sum(axis=1)
     return {"counts": counts, "length_sum": length_sum, "neg_logp_sum": neg_logp_sum, "truncated": truncated}
 
 
@@ -303,6 +318,7 @@ def evaluate_policy(
     max_chunks: int | None = None,
     progress: bool = False,
     desc: str = "eval",
+    episodes: EpisodeRunner | None = None,
 ) -> PolicyEval:
     """n samples per prompt, chunked and resumable; per-prompt counts, lengths, entropy.
 
@@ -323,6 +339,7 @@ def evaluate_policy(
       max_chunks: compute at most this many new chunks, then return (incomplete).
       progress: show a tqdm bar over chunks (stderr).
       desc: the bar's label.
+      episodes: an `EpisodeRunner` for environment tasks (``count_successes``).
 
     Returns:
       PolicyEval; ``stats`` is None while chunks are missing.
@@ -334,7 +351,7 @@ def evaluate_policy(
     layout = layout or eval_layout(len(items), num_samples)
     if num_samples % layout.samples_per_call:
         raise ValueError(f"layout.samples_per_call={layout.samples_per_call} must divide n={num_samples}.")
-    width = prompt_width or encode_prompts(tokenizer, [it.prompt for it in items], chat=chat)[0].shape[1]
+    width = prompt_width or _encode(tokenizer, items, None, chat, None, episodes)[0].shape[1]
     done = store.done() if store is not None else set()
     results: dict[int, dict] = {}
     todo = [c for c in range(layout.num_chunks) if c not in done]
@@ -349,7 +366,7 @@ def evaluate_policy(
                 model, tokenizer, part, layout=layout, num_samples=num_samples,
                 max_new_tokens=max_new_tokens, key=jax.random.fold_in(key, chunk),
                 temperature=temperature, prompt_width=width, chat=chat, scorer=scorer,
-                success_threshold=success_threshold,
+                success_threshold=success_threshold, episodes=episodes,
             )
             if store is not None:
                 store.save(chunk, result)

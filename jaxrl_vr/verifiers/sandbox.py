@@ -120,8 +120,9 @@ _ns = {"__name__": "__main__", "__builtins__": __builtins__}
 _deadline = _start + float(_payload["timeout_s"]) - 0.05
 try:
     _code = compile(_payload["program"], "<program>", "exec")
-except BaseException:
+except BaseException as _e:
     _report("syntax")
+    sys.stderr.write(f"{type(_e).__name__}: {_e}"[:500] + "\n")
     _code = None
 _runner_pid = os.getpid()
 if _code is not None:
@@ -130,6 +131,7 @@ if _code is not None:
         _outcome = "program ok"
     except BaseException as _e:
         _outcome = "program error " + type(_e).__name__
+        sys.stderr.write(f"{type(_e).__name__}: {_e}"[:500] + "\n")
     if os.getpid() != _runner_pid:
         os._exit(0)  # a process the program forked: it must not run the tests or report
     _report(_outcome)
@@ -420,19 +422,23 @@ def _kill_run(process: subprocess.Popen, uid: int | None) -> None:
 def _collect(lines: list[str], total: int, timed_out: bool, stdout: str, stderr: str, elapsed_s: float) -> CodeResult:
     test_passed = [False] * total
     reported = 0
-    syntax_error, program_error = False, None
+    syntax_error, program_error, program_ended = False, None, False
     for line in lines:
         fields = line.split()
         if fields[:1] == ["syntax"]:
             syntax_error = True
-        elif fields[:2] == ["program", "error"] and len(fields) == 3:
-            program_error = fields[2]
+        elif fields[:1] == ["program"]:
+            program_ended = True
+            if fields[1:2] == ["error"] and len(fields) == 3:
+                program_error = fields[2]
         elif len(fields) == 3 and fields[0] == "test" and fields[1].isdigit() and int(fields[1]) < total:
             test_passed[int(fields[1])] = fields[2] == "pass"
             reported += 1
     passed = sum(test_passed)
     if syntax_error:
         status = "unparsable"
+    elif timed_out and not program_ended:  # the program itself never finished
+        status = "timeout"
     elif passed == total and reported >= total:
         status = "ok"
     elif timed_out:
