@@ -28,7 +28,7 @@ from typing import Callable, NamedTuple, Sequence
 import jax
 import numpy as np
 
-from jaxrl_vr.envs.base import StepResult, ToolCall
+from jaxrl_vr.envs.base import StepResult
 from jaxrl_vr.envs.render import Renderer
 from jaxrl_vr.sampling import multiturn as mt
 from jaxrl_vr.sampling.sampler import round_up
