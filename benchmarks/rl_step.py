@@ -69,7 +69,9 @@ from jaxrl_vr.train import (  # noqa: E402
     rollout_batch,
     split_model,
 )
-from jaxrl_vr.train.rollout import RewardShaper, RoundSampler, SamplingConfig, Scores  # noqa: E402
+from jaxrl_vr.tasks.base import TaskItem  # noqa: E402
+from jaxrl_vr.train.rollout import (RewardShaper, RoundSampler, SamplingConfig, Scores,  # noqa: E402
+                                    single_turn_runner)
 from jaxrl_vr.trajectory import RolloutStats  # noqa: E402
 
 PRECISIONS = {"fp32": None, "bf16": "bfloat16"}
@@ -150,12 +152,10 @@ def reward_digits(texts):
 
 
 def digit_scorer(tokenizer):
-    """The trainer's scoring signature over ``reward_digits`` of the decoded completions (every
-    token decoded, as TRL's reward function sees them)."""
+    """The trainer's scoring signature over ``reward_digits`` of the decoded completions."""
 
-    def score(prompt_idx_b, tokens_bt, mask_bt, truncated_b):
-        texts = [tokenizer.decode(row) for row in np.asarray(tokens_bt)]
-        return Scores(np.asarray(reward_digits(texts), np.float32), None, RolloutStats())
+    def score(prompt_idx_b, completions, truncated_b):
+        return Scores(np.asarray(reward_digits(list(completions)), np.float32), None, RolloutStats())
 
     return score
 
@@ -241,6 +241,7 @@ def main(argv=None) -> dict:
     sampling = SamplingConfig(args.max_new_tokens, temperature=1.0, stop_token_ids=(),
                               pad_id=tokenizer.pad_id or 0)
     hyper = StepHyper.create()
+    runner = single_turn_runner(tokenizer, args.max_new_tokens, eos_ids=())  # EOS suppressed
     key = jax.random.key(0)
     records = []
     for step in range(args.warmup + args.steps):
@@ -248,7 +249,8 @@ def main(argv=None) -> dict:
         prompt_ps, prompt_mask_ps = encode(tokenizer, texts, args.max_prompt_tokens)
         sampler = RoundSampler(prompt_ps, prompt_mask_ps, score=digit_scorer(tokenizer),
                                shape_rewards=RewardShaper(max_len=args.max_new_tokens), sampling=sampling,
-                               min_prompts=args.prompts)
+                               min_prompts=args.prompts, episodes=runner,
+                               items=[TaskItem(f"bench/{i}", t) for i, t in enumerate(texts)])
         key, sample_key = jax.random.split(key)
         t0 = time.perf_counter()
         traj = sampler.sample(nnx.merge(graphdef, state.params, rest), sample_key, np.arange(args.prompts),

@@ -29,7 +29,9 @@ import jax
 import numpy as np
 
 from jaxrl_vr.envs.base import StepResult
+from jaxrl_vr.envs.library import SingleTurnEnv
 from jaxrl_vr.envs.render import Renderer
+from jaxrl_vr.sampling import generate
 from jaxrl_vr.sampling import multiturn as mt
 from jaxrl_vr.sampling.sampler import round_up
 
@@ -130,15 +132,20 @@ class EpisodeRunner:
       max_workers: threads running environment steps.
       sampler: ``start``, ``decode_turn``, ``append`` as in `jaxrl_vr.sampling.multiturn`
         (tests pass a scripted policy).
+      generate_fn: samples the one turn of single-turn episodes (``max_turns=1``):
+        ``jaxrl_vr.sampling.generate``, which keeps no cache for a continuation.
     """
 
     def __init__(self, env_factory: Callable, renderer: Renderer, limits: EpisodeLimits, *,
-                 eos_ids: Sequence[int], pad_id: int = 0, max_workers: int = 8, sampler=mt):
+                 eos_ids: Sequence[int], pad_id: int = 0, max_workers: int = 8, sampler=mt,
+                 generate_fn: Callable = generate):
         self.env_factory, self.renderer, self.limits, self.sampler = env_factory, renderer, limits, sampler
+        self.generate_fn = generate_fn
         self.eos_ids, self.pad_id = tuple(int(i) for i in eos_ids), int(pad_id)
         probe = env_factory()
         self.stop_strings = tuple(probe.stop_strings)
         self.role = getattr(getattr(probe, "settings", None), "role", "tool")
+        self.single_turn_env = isinstance(probe, SingleTurnEnv)  # its step always ends: not called
         self.multi_turn = limits.max_turns > 1
         self.observation_overhead = renderer.check(self.role) if self.multi_turn else 0
         self.stop_sequences = mt.encode_stop_sequences(stop_sequence_ids(renderer.tokenizer, self.stop_strings))
@@ -199,19 +206,30 @@ class EpisodeRunner:
         truncated = np.zeros(batch, bool)
         turns = np.zeros(batch, np.int32)
         live = np.array([e is None for e in errors])
-        session = self.sampler.start(model, prompt_tokens_ps, prompt_mask_ps, num_samples=num_samples,
-                           capacity=self.capacity(prompt_len))
+        ended = np.zeros(batch, bool)  # the model emitted EOS: the step's answer is the last
+        if self.multi_turn:
+            session = self.sampler.start(model, prompt_tokens_ps, prompt_mask_ps, num_samples=num_samples,
+                                         capacity=self.capacity(prompt_len))
         for turn_index in range(lim.max_turns):
             used = np.array([len(r) for r in ids])
             cap = int(min(lim.max_turn_tokens, max(width - used[live]))) if live.any() else 0
             if cap < 1:
                 break
             key, sub = jax.random.split(key)
-            session, turn = self.sampler.decode_turn(sub, model, session, live, max_tokens=cap, temperature=temperature,
-                                           top_p=top_p, top_k=top_k, greedy=greedy, stop_token_ids=self.eos_ids,
-                                           stop_sequences=self.stop_sequences, pad_id=self.pad_id)
-            tokens_bw, logp_bw = np.asarray(turn.tokens_bw), np.asarray(turn.logp_bw)
-            mask_bw, stop_b = np.asarray(turn.mask_bw), np.asarray(turn.stop_b)
+            if self.multi_turn:
+                session, turn = self.sampler.decode_turn(
+                    sub, model, session, live, max_tokens=cap, temperature=temperature, top_p=top_p, top_k=top_k,
+                    greedy=greedy, stop_token_ids=self.eos_ids, stop_sequences=self.stop_sequences,
+                    pad_id=self.pad_id)
+                tokens_bw, logp_bw = np.asarray(turn.tokens_bw), np.asarray(turn.logp_bw)
+                mask_bw, stop_b = np.asarray(turn.mask_bw), np.asarray(turn.stop_b)
+            else:  # one turn, no continuation: the single-turn sampler (segmented decode, no cache kept)
+                rollout = self.generate_fn(sub, model, prompt_tokens_ps, prompt_mask_ps, num_samples=num_samples,
+                                           max_new_tokens=cap, temperature=temperature, top_p=top_p, top_k=top_k,
+                                           stop_token_ids=self.eos_ids, pad_id=self.pad_id)
+                tokens_bw, logp_bw = np.asarray(rollout.tokens_bt), np.asarray(rollout.logp_bt)
+                mask_bw = np.asarray(rollout.mask_bt, bool) & live[:, None]
+                stop_b = np.where(np.asarray(rollout.truncated_b, bool), mt.STOP_CAP, mt.STOP_TOKEN)
             stepping = []
             for b in np.flatnonzero(live):
                 n = int(mask_bw[b].sum())
@@ -227,10 +245,11 @@ class EpisodeRunner:
                 final_texts[b] = tok.decode(tokens_bw[b, :n].tolist())
                 if cut or stop_b[b] == mt.STOP_CAP:
                     truncated[b], live[b] = True, False
-                elif stop_b[b] == mt.STOP_TOKEN or not self.multi_turn:
-                    live[b] = False
                 else:
+                    ended[b] = stop_b[b] == mt.STOP_TOKEN
                     stepping.append(b)
+            if self.single_turn_env:
+                live[stepping], stepping = False, []
             futures = {b: self.pool.submit(self._step, envs[b], final_texts[b]) for b in stepping}
             chunks = [[] for _ in range(batch)]
             for b, future in futures.items():
@@ -243,7 +262,7 @@ class EpisodeRunner:
                     errors[b], live[b] = f"step raised {type(err).__name__}: {err}", False
                     continue
                 calls[b] += list(result.tool_calls)
-                if result.done or turn_index == lim.max_turns - 1:
+                if result.done or ended[b] or turn_index == lim.max_turns - 1:
                     rewards[b] = None if result.reward is None else float(result.reward)
                     live[b] = False
                     continue

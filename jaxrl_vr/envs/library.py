@@ -74,7 +74,7 @@ def _unfence(body: str) -> str:
     text = body.strip()
     if text.startswith("```") and text.endswith("```") and len(text) >= 6:
         first, _, rest = text[3:-3].partition("\n")
-        return rest if first.strip().isidentifier() or not first.strip() else text[3:-3]
+        return (rest if first.strip().isidentifier() or not first.strip() else text[3:-3]).strip("\n")
     return text
 
 

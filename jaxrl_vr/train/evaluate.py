@@ -22,10 +22,9 @@ from tqdm.auto import tqdm
 
 from jaxrl_vr.hooks import Hook
 from jaxrl_vr.layout import BASE_CALIBRATION, BASE_EVAL
-from jaxrl_vr.sampling import generate
 from jaxrl_vr.train.config import PipelineConfig
 from jaxrl_vr.envs.episodes import EpisodeRunner
-from jaxrl_vr.train.rollout import decode_responses, encode_episode_prompts, encode_prompts, episode_runner
+from jaxrl_vr.train.rollout import encode_episode_prompts, episode_runner, single_turn_runner
 from jaxrl_vr.train.workdir import cached_counts, digest
 from jaxrl_vr.verifiers.pool import score_serial
 
@@ -64,7 +63,7 @@ def count_successes(
       scorer: ``score(items, completions) -> VerifyResult``; default in-process scoring.
       success_threshold: a sample counts as correct when its score is >= this.
       episodes: an `EpisodeRunner` for environment tasks (its final model turn is scored;
-        lengths count model tokens); None = single-turn ``generate``.
+        lengths count model tokens); None = one-turn episodes of the prompts.
 
     Returns:
       {"counts": int64 [P] correct out of n, "n": n, "generated_tokens": int,
@@ -74,7 +73,8 @@ def count_successes(
     items = list(items)
     if not items:
         raise ValueError("count_successes needs at least one item.")
-    width = prompt_width or _encode(tokenizer, items, None, chat, system_prompt, episodes)[0].shape[1]
+    episodes = _runner(episodes, tokenizer, max_new_tokens, chat, system_prompt)
+    width = prompt_width or encode_episode_prompts(episodes, items)[0].shape[1]
     chunk = min(prompts_per_chunk, len(items))
     counts = np.zeros(len(items), np.int64)
     statuses: dict[str, int] = {}
@@ -84,10 +84,10 @@ def count_successes(
         part = items[start : start + chunk]
         real = len(part)
         part = part + [part[-1]] * (chunk - real)
-        tokens_ps, mask_ps = _encode(tokenizer, part, width, chat, system_prompt, episodes)
+        tokens_ps, mask_ps = encode_episode_prompts(episodes, part, width)
         key, sub = jax.random.split(key)
-        sampled = _sample(sub, model, tokenizer, part, tokens_ps, mask_ps, num_samples=num_samples,
-                          max_new_tokens=max_new_tokens, temperature=temperature, episodes=episodes)
+        sampled = _sample(sub, model, part, tokens_ps, mask_ps, num_samples=num_samples, temperature=temperature,
+                          episodes=episodes)
         mask_bt = sampled.mask_bt[: real * num_samples]
         texts = sampled.texts[: real * num_samples]
         result = scorer([it for it in part[:real] for _ in range(num_samples)], texts)
@@ -117,27 +117,21 @@ class Sampled(NamedTuple):
     truncated_b: np.ndarray
 
 
-def _encode(tokenizer, items, width, chat, system_prompt, episodes):
+def _runner(episodes, tokenizer, max_new_tokens, chat, system_prompt) -> EpisodeRunner:
+    """``episodes``, or one-turn episodes of the prompts as they are (no environment)."""
     if episodes is not None:
-        return encode_episode_prompts(episodes, items, width)
-    return encode_prompts(tokenizer, [it.prompt for it in items], width, chat=chat, system_prompt=system_prompt)
+        return episodes
+    return single_turn_runner(tokenizer, max_new_tokens, chat=chat, system_prompt=system_prompt)
 
 
-def _sample(key, model, tokenizer, items, tokens_ps, mask_ps, *, num_samples, max_new_tokens, temperature,
-            episodes) -> Sampled:
-    """``generate`` for single-turn tasks, the episode runner for environment tasks."""
-    if episodes is not None:
-        ep = episodes.run(key, model, items, tokens_ps, mask_ps, num_samples=num_samples, temperature=temperature)
-        return Sampled(list(ep.final_texts), ep.loss_mask_bt, ep.logp_bt, ep.truncated_b)
-    rollout = generate(key, model, tokens_ps, mask_ps, num_samples=num_samples, max_new_tokens=max_new_tokens,
-                       temperature=temperature, stop_token_ids=(tokenizer.eos_id,), pad_id=tokenizer.pad_id or 0)
-    mask_bt = np.asarray(rollout.mask_bt, bool)
-    return Sampled(decode_responses(tokenizer, np.asarray(rollout.tokens_bt), mask_bt), mask_bt,
-                   np.asarray(rollout.logp_bt), np.asarray(rollout.truncated_b, bool))
+def _sample(key, model, items, tokens_ps, mask_ps, *, num_samples, temperature, episodes) -> Sampled:
+    """Plays episodes; the verifier scores each one's final model turn."""
+    ep = episodes.run(key, model, items, tokens_ps, mask_ps, num_samples=num_samples, temperature=temperature)
+    return Sampled(list(ep.final_texts), ep.loss_mask_bt, ep.logp_bt, ep.truncated_b)
 
 
-def run_episodes_or_none(cfg: PipelineConfig, tokenizer) -> EpisodeRunner | None:
-    """The evaluation's episode runner (``eval.max_new_tokens`` bounds an episode), or None."""
+def eval_runner(cfg: PipelineConfig, tokenizer) -> EpisodeRunner:
+    """The evaluation's episode runner (``eval.max_new_tokens`` bounds an episode)."""
     return episode_runner(cfg, tokenizer, max_total_tokens=cfg.eval.max_new_tokens or cfg.rl.max_new_tokens)
 
 
@@ -157,7 +151,7 @@ def evaluate_counts(model, tokenizer, items, cfg: PipelineConfig, seed_offset: i
         key=jax.random.key(cfg.seed * 7919 + seed_offset), temperature=cfg.eval.temperature,
         prompts_per_chunk=max(1, responses_per_chunk // num_samples), chat=cfg.model.chat,
         system_prompt=cfg.model.system_prompt, success_threshold=cfg.rl.success_threshold,
-        episodes=run_episodes_or_none(cfg, tokenizer))
+        episodes=eval_runner(cfg, tokenizer))
 
 
 def cached_evaluation(path: str, key: dict, model, tokenizer, items, cfg: PipelineConfig,
@@ -277,16 +271,15 @@ def _sample_chunk(model, tokenizer, items, *, layout, num_samples, max_new_token
                   prompt_width, chat, scorer, success_threshold, episodes=None) -> dict:
     real = len(items)
     padded = items + [items[-1]] * (layout.prompts_per_chunk - real)
-    tokens_ps, mask_ps = _encode(tokenizer, padded, prompt_width, chat, None, episodes)
+    tokens_ps, mask_ps = encode_episode_prompts(episodes, padded, prompt_width)
     per_call = layout.samples_per_call
     counts = np.zeros(real, np.int64)
     length_sum = np.zeros(real, np.int64)
     neg_logp_sum = np.zeros(real, np.float64)
     truncated = np.zeros(real, np.int64)
     for block in range(num_samples // per_call):
-        sampled = _sample(jax.random.fold_in(key, block), model, tokenizer, padded, tokens_ps, mask_ps,
-                          num_samples=per_call, max_new_tokens=max_new_tokens, temperature=temperature,
-                          episodes=episodes)
+        sampled = _sample(jax.random.fold_in(key, block), model, padded, tokens_ps, mask_ps,
+                          num_samples=per_call, temperature=temperature, episodes=episodes)
         keep = real * per_call
         mask_bt = sampled.mask_bt[:keep]
         logp_bt = np.asarray(sampled.logp_bt, np.float64)[:keep]
@@ -351,7 +344,8 @@ def evaluate_policy(
     layout = layout or eval_layout(len(items), num_samples)
     if num_samples % layout.samples_per_call:
         raise ValueError(f"layout.samples_per_call={layout.samples_per_call} must divide n={num_samples}.")
-    width = prompt_width or _encode(tokenizer, items, None, chat, None, episodes)[0].shape[1]
+    episodes = _runner(episodes, tokenizer, max_new_tokens, chat, None)
+    width = prompt_width or encode_episode_prompts(episodes, items)[0].shape[1]
     done = store.done() if store is not None else set()
     results: dict[int, dict] = {}
     todo = [c for c in range(layout.num_chunks) if c not in done]

@@ -27,8 +27,7 @@ from jaxrl_vr.train.batch import build_batch, rollout_batch
 from jaxrl_vr.train.config import PipelineConfig
 from jaxrl_vr.train.methods import MethodContext, make_methods
 from jaxrl_vr.train.rollout import (RewardShaper, RolloutDump, RoundSampler, RoundScorer, SamplingConfig,
-                                    VerifierMonitor, encode_episode_prompts, encode_prompts, episode_runner,
-                                    make_scorer)
+                                    VerifierMonitor, encode_episode_prompts, episode_runner, make_scorer)
 from jaxrl_vr.train.saving import RunCheckpoints
 from jaxrl_vr.train.update import LoopState, make_update, rl_seed, update_on_batch
 from jaxrl_vr.trajectory import Trajectory
@@ -99,12 +98,8 @@ def build_parts(cfg: PipelineConfig, model, tokenizer, items: Sequence[Any], wor
                            else make_scorer(rl.verifier.workers, rl.verifier.timeout_s))
     monitor = VerifierMonitor(workdir, error_fraction=rl.verifier.error_fraction,
                               error_patience=rl.verifier.error_patience)
-    episodes = episode_runner(cfg, tokenizer)  # None: single-turn
-    if episodes is None:
-        prompt_tokens_ns, prompt_mask_ns = encode_prompts(  # tokenized once; a round gathers its rows
-            tokenizer, [it.prompt for it in items], chat=cfg.model.chat, system_prompt=cfg.model.system_prompt)
-    else:
-        prompt_tokens_ns, prompt_mask_ns = encode_episode_prompts(episodes, items)
+    episodes = episode_runner(cfg, tokenizer, generate_fn=generate_fn)
+    prompt_tokens_ns, prompt_mask_ns = encode_episode_prompts(episodes, items)  # once; a round gathers rows
     dump = RolloutDump(workdir, tokenizer, cfg.run.dump_rollouts) if cfg.run.dump_rollouts else None
     rewards = rl.rewards
     sampler = RoundSampler(
@@ -116,7 +111,7 @@ def build_parts(cfg: PipelineConfig, model, tokenizer, items: Sequence[Any], wor
                                    overlong_coef=rewards.overlong_coef, hack_coef=rewards.hack_coef),
         sampling=SamplingConfig(rl.max_new_tokens, rl.temperature, rl.top_p, rl.top_k,
                                 (tokenizer.eos_id,), tokenizer.pad_id or 0),
-        min_prompts=rl.prompts_per_step, generate_fn=generate_fn, episodes=episodes, items=items,
+        min_prompts=rl.prompts_per_step, episodes=episodes, items=items,
         on_episodes=None if dump is None else dump.record)
     all_hooks = (tracker, strategy, *methods, monitor, *((dump,) if dump is not None else ()))
     # The update: the KL term is in the loss for β > 0 or a hook's per-prompt KL weights.
@@ -147,8 +142,7 @@ def build_parts(cfg: PipelineConfig, model, tokenizer, items: Sequence[Any], wor
     def close() -> None:
         checkpoints.close()
         close_scorer()
-        if episodes is not None:
-            episodes.close()
+        episodes.close()
 
     return Parts(cfg, workdir, graphdef, rest, update.initial_state, source, strategy, sampler, all_hooks,
                  update.estimator, update.loss_structure, hyper, build, train, checkpoints, close)

@@ -8,7 +8,8 @@
   formulas in ``jaxrl_vr.rewards``), each term kept per sample.
 * ``RoundSampler``: ``for_step(model, key)`` gives one RL step's ``sample_round(prompt_idx,
   num_samples) -> Trajectory`` (what batch strategies call) and keeps every round it made
-  (``sampled()``: what the tracker and the metrics see).
+  (``sampled()``: what the tracker and the metrics see). A round is a batch of episodes
+  (``jaxrl_vr.envs``): a single-turn task is the one-turn case of the same runner.
 * ``VerifierMonitor``: logs verifier errors per step and stops a run whose verifier is broken.
 """
 
@@ -39,7 +40,7 @@ from jaxrl_vr.verifiers.hacks import hack_penalties
 
 __all__ = ["RewardShaper", "RolloutDump", "RoundSampler", "RoundScorer", "SamplingConfig", "VerifierFailure",
            "VerifierMonitor", "decode_responses", "encode_episode_prompts", "encode_prompts", "episode_runner",
-           "make_scorer",
+           "make_scorer", "single_turn_runner",
            "render_prompt_text"]
 
 
@@ -99,13 +100,12 @@ def make_scorer(num_workers: int, timeout_s: float):
 # ------------------------------------------------------------------------- environments
 
 
-def episode_runner(cfg, tokenizer, *, max_total_tokens: int | None = None) -> EpisodeRunner | None:
-    """The run's `EpisodeRunner` (``task.env``, ``task.tools``, the turn and token bounds),
-    or None for single-turn tasks, which ``generate`` samples in one call. Fails at start-up
-    for an unknown tool or environment and for a chat template that cannot render a tool turn."""
+def episode_runner(cfg, tokenizer, *, max_total_tokens: int | None = None,
+                   generate_fn: Callable = generate) -> EpisodeRunner:
+    """The run's `EpisodeRunner` (``task.env``, ``task.tools``, the turn and token bounds;
+    ``max_total_tokens`` default rl.max_new_tokens). Fails at start-up for an unknown tool
+    or environment and for a chat template that cannot render a tool turn."""
     task, rl = cfg.task, cfg.rl
-    if task.env.name == "single_turn" and task.max_turns == 1:
-        return None
     total = int(max_total_tokens or rl.max_new_tokens)
     tools = [make_tool(name) for name in task.tools]
     factory = make_env_factory(task.env.name, task.env.settings, tools)
@@ -113,7 +113,18 @@ def episode_runner(cfg, tokenizer, *, max_total_tokens: int | None = None) -> Ep
                         model_name=f"model.source={cfg.model.source} {cfg.model.path}".strip())
     limits = EpisodeLimits(max_turns=task.max_turns, max_turn_tokens=min(task.max_turn_tokens or total, total),
                            max_total_tokens=total, max_observation_tokens=task.max_observation_tokens)
-    return EpisodeRunner(factory, renderer, limits, eos_ids=(tokenizer.eos_id,), pad_id=tokenizer.pad_id or 0)
+    return EpisodeRunner(factory, renderer, limits, eos_ids=(tokenizer.eos_id,), pad_id=tokenizer.pad_id or 0,
+                         generate_fn=generate_fn)
+
+
+def single_turn_runner(tokenizer, max_new_tokens: int, *, chat: bool = False, system_prompt: str | None = None,
+                       eos_ids: Sequence[int] | None = None, generate_fn: Callable = generate) -> EpisodeRunner:
+    """An `EpisodeRunner` of one-turn episodes (``SingleTurnEnv``): the prompt, one answer.
+    ``eos_ids`` default the tokenizer's EOS; () never stops before ``max_new_tokens``."""
+    limits = EpisodeLimits(max_turns=1, max_turn_tokens=max_new_tokens, max_total_tokens=max_new_tokens)
+    return EpisodeRunner(make_env_factory("single_turn"), Renderer(tokenizer, chat=chat, system_prompt=system_prompt),
+                         limits, eos_ids=(tokenizer.eos_id,) if eos_ids is None else tuple(eos_ids), pad_id=tokenizer.pad_id or 0,
+                         generate_fn=generate_fn)
 
 
 def encode_episode_prompts(runner: EpisodeRunner, items: Sequence, width: int | None = None
@@ -206,9 +217,9 @@ class Scores(NamedTuple):
 
 
 class RoundScorer:
-    """``score(prompt_idx_b, tokens_bt, mask_bt, truncated_b) -> Scores``.
+    """``score(prompt_idx_b, completions, truncated_b) -> Scores``.
 
-    Decodes the responses, scores them with ``scorer(items, completions)`` (a VerifierPool's
+    Scores the completions (each episode's final model turn) with ``scorer(items, completions)`` (a VerifierPool's
     ``score`` or ``score_serial``), runs the enabled hack detectors (``hack_b`` = 1 where
     any fired) and hands every verifier result to ``on_result`` (the verifier monitor).
     """
@@ -218,11 +229,7 @@ class RoundScorer:
         self.items, self.tokenizer, self.scorer = list(items), tokenizer, scorer
         self.hack_detectors, self.on_result = tuple(hack_detectors), on_result
 
-    def __call__(self, prompt_idx_b, tokens_bt, mask_bt, truncated_b) -> Scores:
-        return self.texts(prompt_idx_b, decode_responses(self.tokenizer, tokens_bt, mask_bt), truncated_b)
-
-    def texts(self, prompt_idx_b, completions: Sequence[str], truncated_b) -> Scores:
-        """Scores completions given as text (an episode's final model turn)."""
+    def __call__(self, prompt_idx_b, completions: Sequence[str], truncated_b) -> Scores:
         completions = list(completions)
         items_b = [self.items[i] for i in prompt_idx_b]
         result = self.scorer(items_b, completions)
@@ -290,15 +297,18 @@ class RoundSampler:
       min_prompts: a round with fewer prompts is padded (by repeating its last prompt) to
         ``min(min_prompts, next power of two)`` rows for the sampler, so partial rounds
         compile for O(log P) shapes; padding rows never reach scoring or the budget.
-      generate_fn: the sampler (``jaxrl_vr.sampling.generate``; a stub in tests).
+      episodes: the `EpisodeRunner` that plays a round (single-turn tasks are one-turn
+        episodes; its ``generate_fn`` is a stub in tests).
+      items: the training TaskItems (what the environments are reset with).
+      on_episodes: called with each round's episodes (the rollout dump).
     """
 
     def __init__(self, prompt_tokens_ns, prompt_mask_ns, *, score: Callable, shape_rewards: Callable,
-                 sampling: SamplingConfig, min_prompts: int, generate_fn: Callable = generate,
-                 episodes: EpisodeRunner | None = None, items: Sequence = (), on_episodes: Callable | None = None):
+                 sampling: SamplingConfig, min_prompts: int, episodes: EpisodeRunner, items: Sequence,
+                 on_episodes: Callable | None = None):
         self.prompt_tokens_ns, self.prompt_mask_ns = prompt_tokens_ns, prompt_mask_ns
         self.score, self.shape_rewards, self.sampling = score, shape_rewards, sampling
-        self.min_prompts, self.generate_fn = int(min_prompts), generate_fn
+        self.min_prompts = int(min_prompts)
         self.episodes, self.items, self.on_episodes = episodes, list(items), on_episodes
 
     def for_step(self, model, key: jax.Array) -> "StepRounds":
@@ -312,33 +322,8 @@ class RoundSampler:
         num_rows = min(max(self.min_prompts, num_real), 1 << max(num_real - 1, 0).bit_length())
         rows = np.concatenate([idx, np.repeat(idx[-1:], num_rows - num_real)])
         prompt_tokens_ps, prompt_mask_ps = self.prompt_tokens_ns[rows], self.prompt_mask_ns[rows]
-        s = self.sampling
         t0 = time.perf_counter()
-        if self.episodes is not None:
-            return self._sample_episodes(model, key, idx, rows, prompt_tokens_ps, prompt_mask_ps, num_g, t0)
-        rollout = self.generate_fn(key, model, prompt_tokens_ps, prompt_mask_ps, num_samples=num_g,
-                                   max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-                                   top_p=s.top_p, top_k=s.top_k, stop_token_ids=s.stop_token_ids,
-                                   pad_id=s.pad_id)
-        real = num_real * num_g
-        tokens_bt = np.asarray(rollout.tokens_bt)[:real]
-        mask_bt = np.asarray(rollout.mask_bt, bool)[:real]
-        length_b = np.asarray(rollout.length_b)[:real].astype(np.int32)
-        truncated_b = np.asarray(rollout.truncated_b, bool)[:real]
-        t1 = time.perf_counter()
-        scored = self.score(np.repeat(idx, num_g), tokens_bt, mask_bt, truncated_b)
-        rewards_b, overlong_b, hack_b = self.shape_rewards(scored.scores_b, length_b, scored.hack_b)
-        t2 = time.perf_counter()
-        stats = scored.stats + RolloutStats(generated_tokens=float(length_b.sum()),
-                                            generated_samples=float(real), rounds=1,
-                                            sample_s=t1 - t0, verify_s=t2 - t1)
-        return Trajectory.single_turn(
-            prompt_idx_p=idx, prompt_tokens_ps=prompt_tokens_ps[:num_real],
-            prompt_mask_ps=prompt_mask_ps[:num_real], tokens_bt=tokens_bt, mask_bt=mask_bt,
-            sampler_logp_bt=np.asarray(rollout.logp_bt, np.float32)[:real], length_b=length_b,
-            truncated_b=truncated_b, scores_b=scored.scores_b, rewards_b=rewards_b,
-            overlong_b=overlong_b, hack_b=hack_b, stats=stats)
-
+        return self._sample_episodes(model, key, idx, rows, prompt_tokens_ps, prompt_mask_ps, num_g, t0)
 
     def _sample_episodes(self, model, key, idx, rows, prompt_tokens_ps, prompt_mask_ps, num_g, t0) -> Trajectory:
         """``sample`` for environment episodes: the final model turn is what the verifier
@@ -349,7 +334,7 @@ class RoundSampler:
         real = idx.shape[0] * num_g
         ep = episodes_lib.head(ep, real)
         t1 = time.perf_counter()
-        scored = self.score.texts(np.repeat(idx, num_g), ep.final_texts, ep.truncated_b)
+        scored = self.score(np.repeat(idx, num_g), ep.final_texts, ep.truncated_b)
         scores_b = np.asarray(scored.scores_b, np.float32).copy()
         for b in range(real):
             if ep.errors[b] is not None:
