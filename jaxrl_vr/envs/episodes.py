@@ -167,7 +167,7 @@ class EpisodeRunner:
         result = env.step(text)
         if not isinstance(result, StepResult):
             raise TypeError(f"step returned {type(result).__name__}, not a StepResult")
-        for m in result.observation:
+        for m in () if result.done else result.observation:
             if not (isinstance(m, dict) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str)):
                 raise TypeError(f"an observation must be {{'role': str, 'content': str}} messages, got {m!r:.200}")
         return result
