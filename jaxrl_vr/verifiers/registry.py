@@ -178,6 +178,7 @@ _BUILTINS: dict[str, str] = {
     "math": "jaxrl_vr.verifiers.math_answers:math_verifier",
     "code": "jaxrl_vr.verifiers.sandbox:code_verifier",
     "reasoning_gym": "jaxrl_vr.tasks.reasoning_gym:reasoning_gym_verifier",
+    "humaneval": "jaxrl_vr.tasks.humaneval:humaneval_verifier",
 }
 
 
