@@ -48,6 +48,8 @@ class RolloutStats:
       rounds: generation rounds (sampler calls).
       sample_s, verify_s: seconds in the sampler and in scoring (decode, verifiers, shaping).
       verifier_errors, verifier_timeouts, verifier_unparsable: samples per verifier status.
+      tested_samples: samples whose verifier reported per-test results (code tasks).
+      test_frac_sum: their fractions of tests passed, summed (mean = sum / tested_samples).
       detector_counts: (detector name, samples it fired on) per enabled hack detector.
       env_tokens: tokens environments and templates wrote into episodes (not sampled, not
         charged to the token budget, counted on their own).
@@ -66,6 +68,8 @@ class RolloutStats:
     verifier_errors: float = 0.0
     verifier_timeouts: float = 0.0
     verifier_unparsable: float = 0.0
+    tested_samples: float = 0.0
+    test_frac_sum: float = 0.0
     detector_counts: tuple = ()
     env_tokens: float = 0.0
     turns: float = 0.0
@@ -117,6 +121,10 @@ class Trajectory(NamedTuple):
         sampler's when the loss detaches its own forward), None before the builder.
       reference_logp_bt: float32 [B, T] log π_ref, None before the builder (and the
         behaviour log-probs when no KL is computed).
+      tests_passed_b, tests_total_b: int32 [B] unit tests passed / run by the sample's
+        verifier (code tasks: an intermediate signal for step-level credit; the fraction
+        passed is their ratio where tests_total_b > 0); 0 where the verifier runs no tests
+        and in invalid rows.
     """
 
     prompt_idx_p: np.ndarray
@@ -139,6 +147,8 @@ class Trajectory(NamedTuple):
     adv_bt: np.ndarray | None = None
     behaviour_logp_bt: np.ndarray | None = None
     reference_logp_bt: np.ndarray | None = None
+    tests_passed_b: np.ndarray | None = None
+    tests_total_b: np.ndarray | None = None
 
     @property
     def num_prompts(self) -> int:
@@ -159,12 +169,14 @@ class Trajectory(NamedTuple):
     @classmethod
     def single_turn(cls, *, prompt_idx_p, prompt_tokens_ps, prompt_mask_ps, tokens_bt, mask_bt,
                     sampler_logp_bt, length_b, truncated_b, scores_b, rewards_b, overlong_b=None,
-                    hack_b=None, stats: RolloutStats = RolloutStats()) -> "Trajectory":
+                    hack_b=None, tests_passed_b=None, tests_total_b=None,
+                    stats: RolloutStats = RolloutStats()) -> "Trajectory":
         """A round of single-turn responses: one sampled segment each, every sample valid."""
         num_p = int(np.asarray(prompt_idx_p).shape[0])
         num_b = int(np.asarray(tokens_bt).shape[0])
         mask_bt = np.asarray(mask_bt, bool)
         zeros_b = np.zeros(num_b, np.float32)
+        no_tests_b = np.zeros(num_b, np.int32)
         return cls(
             prompt_idx_p=np.asarray(prompt_idx_p, np.int64),
             prompt_tokens_ps=np.asarray(prompt_tokens_ps, np.int32),
@@ -183,6 +195,8 @@ class Trajectory(NamedTuple):
             kl_weight_p=np.zeros(num_p, np.float32),
             paired_p=np.zeros(num_p, bool),
             stats=stats,
+            tests_passed_b=no_tests_b if tests_passed_b is None else np.asarray(tests_passed_b, np.int32),
+            tests_total_b=no_tests_b.copy() if tests_total_b is None else np.asarray(tests_total_b, np.int32),
         )
 
 
@@ -190,7 +204,7 @@ class Trajectory(NamedTuple):
 _PER_PROMPT = ("prompt_idx_p", "prompt_tokens_ps", "prompt_mask_ps", "kl_weight_p", "paired_p")
 _ZEROED_WHEN_INVALID = ("token_mask_bt", "loss_mask_bt", "sampler_logp_bt", "length_b", "truncated_b",
                         "scores_b", "overlong_b", "hack_b", "rewards_b", "adv_bt", "behaviour_logp_bt",
-                        "reference_logp_bt")
+                        "reference_logp_bt", "tests_passed_b", "tests_total_b")
 _PER_SAMPLE = ("tokens_bt",) + _ZEROED_WHEN_INVALID
 
 

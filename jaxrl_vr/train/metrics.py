@@ -304,6 +304,8 @@ def rollout_metrics(batch: Trajectory, sampled: Trajectory, *, success_threshold
             "env/tool_call_ok_rate": stats.tool_calls_ok / calls,
             "env/errors": stats.env_errors,
         })
+    if stats.tested_samples:  # code tasks: mean fraction of unit tests passed per tested sample
+        out["test_pass_frac"] = stats.test_frac_sum / stats.tested_samples
     if batch.stats.strategy is not None:
         out.update(batch.stats.strategy.metrics())
     loss_mask_bt = np.asarray(batch.loss_mask_bt, bool)

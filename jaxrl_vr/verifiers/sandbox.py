@@ -41,7 +41,9 @@ import threading
 import time
 from collections.abc import Sequence
 
-__all__ = ["CodeResult", "run_python", "code_verifier", "sandbox_capabilities"]
+from jaxrl_vr.verifiers.registry import Verdict
+
+__all__ = ["CodeResult", "run_python", "code_verdict", "code_verifier", "extract_program", "sandbox_capabilities"]
 
 _CLONE_NEWNET = 0x40000000
 _PR_SET_PDEATHSIG = 1
@@ -448,21 +450,30 @@ def _collect(lines: list[str], total: int, timed_out: bool, stdout: str, stderr:
     return CodeResult(passed, total, status, tuple(test_passed), program_error, stdout, stderr, elapsed_s)
 
 
-def code_verifier(item, completion: str) -> tuple[float, str]:
+def code_verdict(item, program: str) -> Verdict:
+    """Runs `program` against item.tests: score 1 when every test passes, else 0 (with
+    item.meta["partial_credit"]: passed/total), the run's status and its per-test flags.
+    item.meta["timeout_s"] (default 5 s) limits the run."""
+    if not item.tests:
+        raise ValueError(f"Item {item.uid!r}: a code verifier needs tests.")
+    meta = item.meta if isinstance(item.meta, dict) else {}
+    result = run_python(program, item.tests, timeout_s=float(meta.get("timeout_s", 5.0)))
+    if meta.get("partial_credit"):
+        score = result.passed / result.total
+    else:
+        score = 1.0 if result.status == "ok" else 0.0
+    return Verdict(score, result.status, result.test_passed)
+
+
+def code_verifier(item, completion: str) -> Verdict:
     """Built-in "code": runs the completion's program against item.tests.
 
     The program is the last ```python fenced block of the completion (or the whole text).
     Score 1 when every test passes, else 0; with item.meta["partial_credit"] the score is
-    passed/total. item.meta["timeout_s"] (default 5 s) limits the run.
+    passed/total. item.meta["timeout_s"] (default 5 s) limits the run. The verdict keeps
+    the per-test pass flags (``VerifyResult.test_passed``).
     """
-    if not item.tests:
-        raise ValueError(f"Item {item.uid!r}: the 'code' verifier needs tests.")
-    program = extract_program(completion)
-    meta = item.meta if isinstance(item.meta, dict) else {}
-    result = run_python(program, item.tests, timeout_s=float(meta.get("timeout_s", 5.0)))
-    if meta.get("partial_credit"):
-        return result.passed / result.total, result.status
-    return (1.0 if result.status == "ok" else 0.0), result.status
+    return code_verdict(item, extract_program(completion))
 
 
 def extract_program(completion: str) -> str:

@@ -58,10 +58,22 @@ def test_normalize_output(output, expected):
     assert registry.normalize_output(output) == expected
 
 
-@pytest.mark.parametrize("output", [float("nan"), float("inf"), "1", (1.0, "great"), (1.0, "ok", 2), None])
+@pytest.mark.parametrize("output", [float("nan"), float("inf"), "1", (1.0, "great"), (1.0, "ok", 2), None,
+                                    (1.0, "ok", "TF"), (1.0, "ok", (True, 1)), (1.0, "ok", (), 4)])
 def test_normalize_output_rejects(output):
     with pytest.raises((TypeError, ValueError)):
-        registry.normalize_output(output)
+        registry.normalize_verdict(output)
+
+
+@pytest.mark.parametrize("output, expected", [
+    ((0.0, "wrong", [True, False]), registry.Verdict(0.0, "wrong", (True, False))),
+    (registry.Verdict(1, "ok", (True,)), registry.Verdict(1.0, "ok", (True,))),
+    ((1.0, "ok", None), registry.Verdict(1.0, "ok", None)),
+    (0.5, registry.Verdict(0.5, "ok", None)),
+])
+def test_normalize_verdict_keeps_per_test_results(output, expected):
+    assert registry.normalize_verdict(output) == expected
+    assert registry.normalize_output(output) == expected[:2]
 
 
 def test_check_verifier_names_the_registered_ones_and_the_fix():

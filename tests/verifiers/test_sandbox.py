@@ -142,12 +142,23 @@ def test_pool_keeps_serving_after_escapes():
         assert again.statuses == ["ok"]
 
 
+def test_pool_keeps_per_test_results_of_code_items():
+    item = TaskItem(uid="c", prompt="", tests=("assert f(1) == 1", "assert f(2) == 3", "assert f(0) == 0"),
+                    verifier="code", meta={"timeout_s": TIMEOUT_S})
+    with VerifierPool(1, timeout_s=TIMEOUT_S) as pool:
+        result = pool.score([item, item], ["def f(x):\n    return x", "def f(x):\n    while True: pass"])
+    assert result.test_passed[0] == (True, False, True)
+    passed, total = result.test_counts()
+    assert total.tolist() == [3, 3] and passed.tolist() == [2, 0]  # a hanging test is killed, not the run
+    assert result.metrics()["verifier/test_pass_frac"] == pytest.approx(1 / 3)
+
+
 def test_code_verifier_and_program_extraction():
     assert extract_program("text\n```python\ndef f():\n    return 1\n```\nbye") == "def f():\n    return 1\n"
     assert extract_program("def f(): pass") == "def f(): pass"
     item = TaskItem(uid="c", prompt="", tests=("assert f() == 1", "assert f() == 2"), verifier="code",
                     meta={"timeout_s": TIMEOUT_S, "partial_credit": True})
-    assert code_verifier(item, "```python\ndef f():\n    return 1\n```") == (0.5, "wrong")
+    assert code_verifier(item, "```python\ndef f():\n    return 1\n```") == (0.5, "wrong", (True, False))
 
 
 def test_audit_hook_blocks_the_usual_escape_routes():
