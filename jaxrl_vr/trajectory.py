@@ -114,6 +114,12 @@ class Trajectory(NamedTuple):
       paired_p: bool [P] rows of (q⁺, q⁻) prompt pairs, laid out as rows (2i, 2i + 1)
         (Weighted GRPO); False unless a method sets it.
       stats: RolloutStats.
+      turn_bt: int32 [B, T] the model turn of each policy token, −1 on environment tokens
+        and padding (−1 everywhere in invalid rows); None for single-turn rounds.
+      signals_bkn: float32 [B, K, N] intermediate signals of each model turn (N =
+        ``jaxrl_vr.envs.signals.SIGNALS``, K = task.max_turns), NaN where a signal does not
+        apply or the turn does not exist (NaN everywhere in invalid rows); None for
+        single-turn rounds. Step-level credit (``jaxrl_vr.credit``) reads both.
       adv_bt: float32 [B, T] per-token advantages (0 off the loss mask), or None before
         the batch builder ran. An outcome estimator broadcasts a sample's advantage to
         its tokens; step-level credit may give tokens of one sample different values.
@@ -144,6 +150,8 @@ class Trajectory(NamedTuple):
     kl_weight_p: np.ndarray
     paired_p: np.ndarray
     stats: RolloutStats = RolloutStats()
+    turn_bt: np.ndarray | None = None
+    signals_bkn: np.ndarray | None = None
     adv_bt: np.ndarray | None = None
     behaviour_logp_bt: np.ndarray | None = None
     reference_logp_bt: np.ndarray | None = None
@@ -200,12 +208,20 @@ class Trajectory(NamedTuple):
         )
 
 
-# Fields with one row per group, per sample, and those zeroed where a sample is invalid.
+# Fields with one row per group, per sample, and those cleared where a sample is invalid
+# (0, or the fill of _INVALID_FILL).
 _PER_PROMPT = ("prompt_idx_p", "prompt_tokens_ps", "prompt_mask_ps", "kl_weight_p", "paired_p")
-_ZEROED_WHEN_INVALID = ("token_mask_bt", "loss_mask_bt", "sampler_logp_bt", "length_b", "truncated_b",
-                        "scores_b", "overlong_b", "hack_b", "rewards_b", "adv_bt", "behaviour_logp_bt",
-                        "reference_logp_bt", "tests_passed_b", "tests_total_b")
-_PER_SAMPLE = ("tokens_bt",) + _ZEROED_WHEN_INVALID
+_CLEARED_WHEN_INVALID = ("token_mask_bt", "loss_mask_bt", "sampler_logp_bt", "length_b", "truncated_b",
+                         "scores_b", "overlong_b", "hack_b", "rewards_b", "turn_bt", "signals_bkn", "adv_bt",
+                         "behaviour_logp_bt", "reference_logp_bt", "tests_passed_b",
+                         "tests_total_b")
+_PER_SAMPLE = ("tokens_bt",) + _CLEARED_WHEN_INVALID
+# What an invalid sample holds, where it is not 0: no turn, no signal.
+_INVALID_FILL = {"turn_bt": -1, "signals_bkn": np.nan}
+
+
+def _invalid_like(name: str, value: np.ndarray) -> np.ndarray:
+    return np.full_like(value, _INVALID_FILL.get(name, 0))
 
 
 def _samples(traj: Trajectory):
@@ -216,6 +232,15 @@ def _samples(traj: Trajectory):
         if value is not None:
             value = np.asarray(value)
             yield name, value.reshape(shape + value.shape[1:])
+
+
+def _check_same_fields(trajs: Sequence[Trajectory]) -> None:
+    """Trajectories to be joined set the same optional per-sample fields."""
+    for name in _PER_SAMPLE:
+        has = {getattr(t, name) is not None for t in trajs}
+        if len(has) > 1:
+            raise ValueError(f"cannot join trajectories where only some have {name} (a single-turn round "
+                             "with an episode round?); every round of a run must be of one kind.")
 
 
 def _flat(value_pg: np.ndarray) -> np.ndarray:
@@ -234,8 +259,8 @@ def widen(traj: Trajectory, group_size: int) -> Trajectory:
     fields = {}
     for name, value_pg in _samples(traj):
         pad = np.repeat(value_pg[:, :1], extra, axis=1)
-        if name in _ZEROED_WHEN_INVALID:
-            pad = np.zeros_like(pad)
+        if name in _CLEARED_WHEN_INVALID:
+            pad = _invalid_like(name, pad)
         fields[name] = _flat(np.concatenate([value_pg, pad], axis=1))
     valid_pg = np.concatenate([traj.valid_pg, np.zeros((num_p, extra), bool)], axis=1)
     return traj._replace(valid_pg=valid_pg, **fields)
@@ -253,6 +278,7 @@ def place_samples(base: Trajectory, extra: Trajectory, rows_p: np.ndarray, start
     g_extra = extra.group_size
     if start + g_extra > base.group_size:
         raise ValueError(f"samples [{start}, {start + g_extra}) do not fit groups of {base.group_size}.")
+    _check_same_fields([base, extra])
     extra_fields = dict(_samples(extra))
     fields = {}
     for name, value_pg in _samples(base):
@@ -275,6 +301,7 @@ def select_groups(traj: Trajectory, keep_p: np.ndarray) -> Trajectory:
 def concat_groups(trajs: Sequence[Trajectory], stats: RolloutStats | None = None) -> Trajectory:
     """Groups of several trajectories (same G, S, T) stacked in order; stats summed unless given."""
     first = trajs[0]
+    _check_same_fields(trajs)
     names = _PER_PROMPT + ("valid_pg",) + tuple(n for n in _PER_SAMPLE if getattr(first, n) is not None)
     fields = {name: np.concatenate([np.asarray(getattr(t, name)) for t in trajs]) for name in names}
     if stats is None:
@@ -289,9 +316,9 @@ def invalidate(traj: Trajectory, valid_pg: np.ndarray) -> Trajectory:
     valid_pg = np.asarray(valid_pg, bool)
     fields = {}
     for name, value_pg in _samples(traj):
-        if name in _ZEROED_WHEN_INVALID:
+        if name in _CLEARED_WHEN_INVALID:
             keep = valid_pg.reshape(valid_pg.shape + (1,) * (value_pg.ndim - 2))
-            fields[name] = _flat(np.where(keep, value_pg, np.zeros((), value_pg.dtype)))
+            fields[name] = _flat(np.where(keep, value_pg, np.asarray(_INVALID_FILL.get(name, 0), value_pg.dtype)))
     return traj._replace(valid_pg=valid_pg, **fields)
 
 

@@ -68,3 +68,35 @@ def test_per_test_counts_follow_their_samples_through_group_operations():
     assert picked.tests_passed_b.tolist() == [3, 4, 0] and picked.tests_total_b.tolist() == [5, 5, 0]
     dropped = traj_lib.invalidate(traj, np.array([[True, False], [True, True]]))
     assert dropped.tests_passed_b.tolist() == [1, 0, 3, 4]
+
+
+def test_turn_and_signal_fields_follow_every_group_op_with_no_turn_no_signal_where_invalid():
+    def with_signals(traj):
+        num_b = traj.tokens_bt.shape[0]
+        turn_bt = np.where(traj.loss_mask_bt, 0, -1).astype(np.int32)
+        signals_bkn = np.arange(num_b * 2, dtype=np.float32).reshape(num_b, 1, 2) / 10
+        return traj._replace(turn_bt=turn_bt, signals_bkn=signals_bkn)
+
+    sample = scripted(lambda p, g, c: 1.0)
+    a = with_signals(sample(np.array([0, 1]), 2))
+    wide = traj_lib.widen(a, 3)
+    assert wide.signals_bkn.shape == (6, 1, 2) and wide.turn_bt.shape == (6, T)
+    assert np.isnan(wide.signals_bkn[[2, 5]]).all() and (wide.turn_bt[[2, 5]] == -1).all()
+    np.testing.assert_array_equal(wide.signals_bkn[[0, 1, 3, 4]], a.signals_bkn)
+    more = with_signals(sample(np.array([1]), 1))
+    placed = traj_lib.place_samples(wide, more, np.array([1]), 2)
+    np.testing.assert_array_equal(placed.signals_bkn[5], more.signals_bkn[0])
+    np.testing.assert_array_equal(placed.turn_bt[5], more.turn_bt[0])
+    picked = traj_lib.select_groups(placed, np.array([1]))
+    np.testing.assert_array_equal(picked.signals_bkn, placed.signals_bkn[3:])
+    joined = traj_lib.concat_groups([placed, picked])
+    assert joined.signals_bkn.shape == (9, 1, 2) and joined.turn_bt.shape == (9, T)
+    cut = traj_lib.invalidate(placed, np.array([[True, False, True], [True, True, True]]))
+    assert np.isnan(cut.signals_bkn[1]).all() and (cut.turn_bt[1] == -1).all()
+    np.testing.assert_array_equal(cut.signals_bkn[0], placed.signals_bkn[0])
+    padded = traj_lib.pad_groups(picked, 3)
+    assert np.isnan(padded.signals_bkn[3:]).all() and (padded.turn_bt[3:] == -1).all()
+    with pytest.raises(ValueError, match="only some have turn_bt"):
+        traj_lib.concat_groups([a, sample(np.array([2]), 2)])
+    with pytest.raises(ValueError, match="only some have"):
+        traj_lib.place_samples(wide, sample(np.array([1]), 1), np.array([1]), 2)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-from typing import Callable, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -35,7 +35,7 @@ from jaxrl_vr.sampling import generate
 from jaxrl_vr.sampling import multiturn as mt
 from jaxrl_vr.sampling.sampler import round_up
 
-__all__ = ["EpisodeLimits", "EpisodeRunner", "Episodes"]
+__all__ = ["EpisodeLimits", "EpisodeRunner", "Episodes", "TurnRecord"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +66,22 @@ class EpisodeLimits:
                              f"{self.max_total_tokens}; a turn cannot be longer than the episode.")
 
 
+class TurnRecord(NamedTuple):
+    """One model turn of an episode, for step-level signals and hack detectors.
+
+    Attributes:
+      text: the turn's text as decoded (stop string included, special tokens dropped).
+      tool_calls: the tool calls the environment answered this turn with (empty for a
+        final answer, a cut turn, or a step that failed).
+      info: the environment's ``StepResult.info`` for this turn ({} when it did not step);
+        a code environment reports a fraction of tests passed here (``tests_passed``).
+    """
+
+    text: str
+    tool_calls: tuple = ()
+    info: Mapping[str, Any] = {}
+
+
 class Episodes(NamedTuple):
     """B episodes (row b = p·G + g) after their prompts; host arrays, width T = max_total_tokens.
 
@@ -82,6 +98,8 @@ class Episodes(NamedTuple):
       turns_b, model_tokens_b, env_tokens_b: int32 model turns and tokens of each kind.
       tool_calls: per row, the ToolCalls in order.
       segments: per row, (role "model" | "env", start, end) spans covering the tokens.
+      turn_records: per row, one TurnRecord per model turn (the k-th "model" segment is
+        turn k).
     """
 
     tokens_bt: np.ndarray
@@ -98,6 +116,7 @@ class Episodes(NamedTuple):
     env_tokens_b: np.ndarray
     tool_calls: list
     segments: list
+    turn_records: list
 
 
 def stop_sequence_ids(tokenizer, strings: Sequence[str]) -> list[list[int]]:
@@ -202,6 +221,7 @@ class EpisodeRunner:
         logps = [[] for _ in range(batch)]
         segments = [[] for _ in range(batch)]
         calls = [[] for _ in range(batch)]
+        records = [[] for _ in range(batch)]
         final_texts, rewards = [""] * batch, [None] * batch
         truncated = np.zeros(batch, bool)
         turns = np.zeros(batch, np.int32)
@@ -243,6 +263,7 @@ class EpisodeRunner:
                 segments[b].append(("model", start, start + n))
                 turns[b] += 1
                 final_texts[b] = tok.decode(tokens_bw[b, :n].tolist())
+                records[b].append(TurnRecord(final_texts[b]))
                 if cut or stop_b[b] == mt.STOP_CAP:
                     truncated[b], live[b] = True, False
                 else:
@@ -262,6 +283,8 @@ class EpisodeRunner:
                     errors[b], live[b] = f"step raised {type(err).__name__}: {err}", False
                     continue
                 calls[b] += list(result.tool_calls)
+                records[b][-1] = TurnRecord(final_texts[b], tuple(result.tool_calls),
+                                             dict(result.info) if isinstance(result.info, Mapping) else {})
                 if result.done or ended[b] or turn_index == lim.max_turns - 1:
                     rewards[b] = None if result.reward is None else float(result.reward)
                     live[b] = False
@@ -296,7 +319,7 @@ class EpisodeRunner:
         model_tokens = loss_mask_bt.sum(1).astype(np.int32)
         length = token_mask_bt.sum(1).astype(np.int32)
         return Episodes(tokens_bt, token_mask_bt, loss_mask_bt, logp_bt, length, truncated, final_texts, rewards,
-                        errors, turns, model_tokens, length - model_tokens, calls, segments)
+                        errors, turns, model_tokens, length - model_tokens, calls, segments, records)
 
 
 

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import jax
 import jax.numpy as jnp
 
+from jaxrl_vr import credit
 from jaxrl_vr.estimators import Estimator
 from jaxrl_vr.train.step import RolloutBatch
 from jaxrl_vr.trajectory import Trajectory
 
 __all__ = ["LogprobFn", "build_batch", "model_inputs", "rollout_batch"]
+
+_step_credit = jax.jit(credit.step_credit)
 
 # (prompt_tokens_bs, prompt_mask_bs, tokens_bt, mask_bt) -> logp_bt float32 [B, T]
 LogprobFn = Callable[[Any, Any, Any, Any], Any]
@@ -39,6 +43,7 @@ def build_batch(
     *,
     behaviour_logprobs: LogprobFn | None,
     reference_logprobs: LogprobFn | None,
+    step_credit_coef_n=None,
 ) -> tuple[Trajectory, Any]:
     """The batch's advantages, then log π_old and log π_ref (SPEC §3).
 
@@ -53,6 +58,10 @@ def build_batch(
         then carries the sampler's log-probs, which the loss never reads.
       reference_logprobs: log π_ref of the frozen reference, or None when no KL is
         computed (the batch then carries the behaviour log-probs, never read by the loss).
+      step_credit_coef_n: float [N] coefficients of the intermediate signals
+        (``rl.step_credit``), or None: with them, each model turn's tokens get
+        ``credit.step_credit``'s group-relative term on top of the outcome advantage
+        (trajectories without turn signals, i.e. single-turn rounds, get none).
 
     Returns:
       (the trajectory with adv_bt, behaviour_logp_bt and reference_logp_bt, the new
@@ -68,7 +77,11 @@ def build_batch(
     behaviour_logp_bt = (jnp.asarray(traj.sampler_logp_bt, jnp.float32)
                          if behaviour_logprobs is None else behaviour_logprobs(*inputs))
     reference_logp_bt = behaviour_logp_bt if reference_logprobs is None else reference_logprobs(*inputs)
-    built = traj._replace(adv_bt=jnp.where(loss_mask_bt, adv_b[:, None], 0.0),
+    adv_bt = jnp.where(loss_mask_bt, adv_b[:, None], 0.0)
+    if step_credit_coef_n is not None and traj.signals_bkn is not None:
+        adv_bt = adv_bt + _step_credit(jnp.asarray(traj.signals_bkn, jnp.float32), jnp.asarray(traj.turn_bt),
+                                       loss_mask_bt, valid_pg, jnp.asarray(step_credit_coef_n, jnp.float32))
+    built = traj._replace(adv_bt=adv_bt,
                           behaviour_logp_bt=behaviour_logp_bt, reference_logp_bt=reference_logp_bt)
     return built, estimator_state
 

@@ -12,6 +12,7 @@
         rewards          RewardConfig: penalty terms of the reward
         verifier         VerifierConfig: the verifier pool and its error stop
         anchor, pairing  ``jaxrl_vr.train.methods`` sections: absent (None) = off
+        step_credit      ``jaxrl_vr.envs.signals.StepCreditSettings``: absent (None) = off
       loss   LossConfig         the policy loss (static structure + values)
       optim  OptimConfig        AdamW
       eval   EvalConfig         held-out evaluation
@@ -34,9 +35,10 @@ from typing import Any
 from jaxrl_vr import config_tree
 from jaxrl_vr.config_tree import Choice, ConfigError
 from jaxrl_vr.envs.library import ENVIRONMENTS
+from jaxrl_vr.envs.signals import StepCreditSettings
 from jaxrl_vr.envs.tools import TOOLS
 from jaxrl_vr.estimators import ESTIMATORS, needs_groups
-from jaxrl_vr.registry import closest
+from jaxrl_vr.registry import closest, did_you_mean
 from jaxrl_vr.selection.strategies import BATCH_STRATEGIES, batch_group_size
 from jaxrl_vr.tasks.arithmetic import LEVELS
 from jaxrl_vr.train.budget import BudgetConfig
@@ -45,7 +47,7 @@ from jaxrl_vr.train.optim import OptimConfig
 from jaxrl_vr.train.sft import SFTConfig
 from jaxrl_vr.train.sources import MODEL_SOURCES, TASK_SOURCES
 from jaxrl_vr.train.step import LossConfig
-from jaxrl_vr.verifiers.hacks import DETECTORS
+from jaxrl_vr.verifiers.hacks import DETECTORS, EPISODE_DETECTORS
 
 __all__ = ["BudgetConfig", "ConfigError", "EstimatorChoice", "EvalConfig", "ModelConfig",
            "PipelineConfig", "RLConfig", "RewardConfig", "RunConfig", "StrategyChoice",
@@ -84,21 +86,28 @@ class RewardConfig:
 
     Attributes:
       overlong_cache_len, overlong_coef: DAPO's soft overlong window (tokens, 0 = off), λ_len.
-      hack_coef: λ_hack (0 = off).
-      hack_detectors: names of ``jaxrl_vr.verifiers.hacks.DETECTORS`` that make P_hack.
+      hack_coef: λ_hack (0 = off: the listed detectors still run and are logged as hack/<name>).
+      hack_detectors: names of ``jaxrl_vr.verifiers.hacks.DETECTORS`` (text) and
+        ``EPISODE_DETECTORS`` (tool_spam, answer_from_tool, empty_turn: environment tasks)
+        that make P_hack.
+      max_tool_calls: ``tool_spam`` fires on an episode with more tool calls than this.
     """
 
     overlong_cache_len: int = 0
     overlong_coef: float = 1.0
     hack_coef: float = 0.0
     hack_detectors: tuple[str, ...] = ()
+    max_tool_calls: int = 4
 
     def __post_init__(self):
         _need(self.overlong_cache_len >= 0, f"overlong_cache_len must be >= 0, got {self.overlong_cache_len}.")
         _need(not self.hack_coef or bool(self.hack_detectors),
               f"hack_coef > 0 needs hack_detectors, e.g. ({', '.join(DETECTORS)}).")
-        unknown = sorted(set(self.hack_detectors) - set(DETECTORS))
-        _need(not unknown, f"hack_detectors has unknown names {unknown}; choose from {sorted(DETECTORS)}.")
+        known = sorted({*DETECTORS, *EPISODE_DETECTORS})
+        unknown = sorted(set(self.hack_detectors) - set(known))
+        _need(not unknown, f"hack_detectors has unknown names {unknown}"
+              f"{did_you_mean(unknown[0], known) if unknown else ''}; choose from {known}.")
+        _need(self.max_tool_calls >= 1, f"max_tool_calls must be >= 1, got {self.max_tool_calls}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +151,8 @@ class RLConfig:
       budget, rewards, verifier: their sections.
       anchor: PBA (``train.methods.AnchorSettings``); None = off.
       pairing: positive–negative pairing (``train.methods.PairingSettings``); None = off.
+      step_credit: step-level credit from intermediate signals of environment episodes
+        (``envs.signals.StepCreditSettings``: a coefficient per signal); None = off.
     """
 
     steps: int = 100
@@ -165,6 +176,7 @@ class RLConfig:
     verifier: VerifierConfig = VerifierConfig()
     anchor: AnchorSettings | None = None
     pairing: PairingSettings | None = None
+    step_credit: StepCreditSettings | None = None
 
     def __post_init__(self):
         for name in ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "num_epochs",
@@ -432,6 +444,14 @@ def _check_model_and_task(cfg: PipelineConfig) -> None:
     _need(rl.prompts_per_step <= task.num_train or task.num_train == 0
           or task.name in ("jsonl", "parquet", "humaneval"),
           f"rl.prompts_per_step={rl.prompts_per_step} exceeds task.num_train={task.num_train}.")
+    episodes = not (task.env.name == "single_turn" and task.max_turns == 1)  # train.rollout.episode_runner
+    _need(episodes or rl.step_credit is None,
+          "rl.step_credit reads the turns of environment episodes, but this task is single-turn; set "
+          "task.env=tools (with task.tools and task.max_turns >= 2) or rl.step_credit=None.")
+    episode_detectors = sorted(set(rl.rewards.hack_detectors) & set(EPISODE_DETECTORS))
+    _need(episodes or not episode_detectors,
+          f"rl.rewards.hack_detectors {episode_detectors} read the turns and tool calls of environment "
+          "episodes, but this task is single-turn; set task.env=tools or drop them.")
 
 
 def _check_loss(cfg: PipelineConfig) -> None:

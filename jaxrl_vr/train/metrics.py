@@ -18,6 +18,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from jaxrl_vr import layout
+from jaxrl_vr.credit import signal_stats
+from jaxrl_vr.envs.signals import SIGNALS
 from jaxrl_vr.trajectory import Trajectory
 
 
@@ -256,7 +258,10 @@ def rollout_metrics(batch: Trajectory, sampled: Trajectory, *, success_threshold
       ``reward`` and ``pass_rate`` over every sampled group (``kept/...``: the batch's), the
       reward terms and hack-detector rates per generated sample, group fractions, length,
       truncation, the sampler/trainer log-prob gap, advantage statistics, the cost of the
-      step (tokens, samples, seconds, verifier statuses) and the strategy's own record.
+      step (tokens, samples, seconds, verifier statuses) and the strategy's own record; for
+      environment episodes, per intermediate signal ``credit/<signal>/mean`` (over the turns
+      where it applies) and ``credit/<signal>/corr_verdict`` (Pearson's r with success over
+      the episodes that have it; NaN when undefined).
     """
     valid_pg = np.asarray(batch.valid_pg, bool)
     valid_b = valid_pg.reshape(-1)
@@ -306,6 +311,10 @@ def rollout_metrics(batch: Trajectory, sampled: Trajectory, *, success_threshold
         })
     if stats.tested_samples:  # code tasks: mean fraction of unit tests passed per tested sample
         out["test_pass_frac"] = stats.test_frac_sum / stats.tested_samples
+    if sampled.signals_bkn is not None:
+        mean_n, corr_n = signal_stats(sampled.signals_bkn, sampled.scores_b >= success_threshold, sampled_b)
+        for name, mean, corr in zip(SIGNALS, mean_n, corr_n):
+            out[f"credit/{name}/mean"], out[f"credit/{name}/corr_verdict"] = float(mean), float(corr)
     if batch.stats.strategy is not None:
         out.update(batch.stats.strategy.metrics())
     loss_mask_bt = np.asarray(batch.loss_mask_bt, bool)

@@ -105,8 +105,8 @@ def build_parts(cfg: PipelineConfig, model, tokenizer, items: Sequence[Any], wor
     sampler = RoundSampler(
         prompt_tokens_ns, prompt_mask_ns,
         score=RoundScorer(items, tokenizer, score,
-                          hack_detectors=rewards.hack_detectors if rewards.hack_coef else (),
-                          on_result=monitor.record),
+                          hack_detectors=rewards.hack_detectors, on_result=monitor.record,
+                          max_tool_calls=rewards.max_tool_calls),
         shape_rewards=RewardShaper(max_len=rl.max_new_tokens, overlong_cache_len=rewards.overlong_cache_len,
                                    overlong_coef=rewards.overlong_coef, hack_coef=rewards.hack_coef),
         sampling=SamplingConfig(rl.max_new_tokens, rl.temperature, rl.top_p, rl.top_k,
@@ -128,7 +128,8 @@ def build_parts(cfg: PipelineConfig, model, tokenizer, items: Sequence[Any], wor
             batch, update.estimator, estimator_state,
             behaviour_logprobs=None if cfg.loss.detach_behaviour else logprobs_of(policy_params),
             reference_logprobs=(logprobs_of(reference_params)
-                                if kl_in_loss or rl.log_reference_kl else None))
+                                if kl_in_loss or rl.log_reference_kl else None),
+            step_credit_coef_n=None if rl.step_credit is None else rl.step_credit.coef_n())
 
     def train(train_state, batch: Trajectory, step: int):
         return update_on_batch(lambda s, b: fns.train_step(s, b, hyper, rest), train_state,

@@ -36,7 +36,8 @@ from jaxrl_vr.hooks import Hook
 from jaxrl_vr.sampling import generate
 from jaxrl_vr.trajectory import RolloutStats, Trajectory
 from jaxrl_vr.verifiers import pool as pool_lib
-from jaxrl_vr.verifiers.hacks import hack_penalties
+from jaxrl_vr.envs.signals import episode_signals
+from jaxrl_vr.verifiers.hacks import DETECTORS, EPISODE_DETECTORS, episode_hack_flags, hack_penalties
 
 __all__ = ["RewardShaper", "RolloutDump", "RoundSampler", "RoundScorer", "SamplingConfig", "VerifierFailure",
            "VerifierMonitor", "decode_responses", "encode_episode_prompts", "encode_prompts", "episode_runner",
@@ -226,14 +227,19 @@ class RoundScorer:
     Scores the completions (each episode's final model turn) with ``scorer(items, completions)`` (a VerifierPool's
     ``score`` or ``score_serial``), runs the enabled hack detectors (``hack_b`` = 1 where
     any fired) and hands every verifier result to ``on_result`` (the verifier monitor).
+    ``episodes`` does the same for environment episodes, with the episode detectors
+    (``hacks.EPISODE_DETECTORS``, ``max_tool_calls`` for ``tool_spam``) too.
     """
 
     def __init__(self, items: Sequence, tokenizer, scorer: Callable, *,
-                 hack_detectors: Sequence[str] = (), on_result: Callable | None = None):
+                 hack_detectors: Sequence[str] = (), on_result: Callable | None = None, max_tool_calls: int = 4):
         self.items, self.tokenizer, self.scorer = list(items), tokenizer, scorer
         self.hack_detectors, self.on_result = tuple(hack_detectors), on_result
+        self.max_tool_calls = int(max_tool_calls)
 
-    def __call__(self, prompt_idx_b, completions: Sequence[str], truncated_b) -> Scores:
+    def __call__(self, prompt_idx_b, completions: Sequence[str], truncated_b, *, turn_records=None) -> Scores:
+        """Scores completions (each episode's final model turn); with ``turn_records`` (per
+        episode, its ``TurnRecord``s) the episode detectors run too."""
         completions = list(completions)
         items_b = [self.items[i] for i in prompt_idx_b]
         result = self.scorer(items_b, completions)
@@ -241,11 +247,20 @@ class RoundScorer:
             self.on_result(items_b, completions, result)
         statuses = list(result.statuses)
         hack_b, counts = None, ()
+        text_detectors = [d for d in self.hack_detectors if d in DETECTORS]
+        episode_detectors = [d for d in self.hack_detectors if d in EPISODE_DETECTORS]
+        if episode_detectors and turn_records is None:
+            raise ValueError(f"hack detectors {episode_detectors} read episodes; this task has none "
+                             "(set task.env=tools or drop them from rl.rewards.hack_detectors).")
         if self.hack_detectors:
-            hack_b, flags = hack_penalties([it.prompt for it in items_b], completions,
-                                           truncated_b=truncated_b,
-                                           golds=[it.answer for it in items_b],
-                                           enabled=self.hack_detectors)
+            prompts, golds = [it.prompt for it in items_b], [it.answer for it in items_b]
+            hack_b, flags = hack_penalties(prompts, completions, truncated_b=truncated_b, golds=golds,
+                                           enabled=text_detectors)
+            if episode_detectors:
+                flags.update(episode_hack_flags(turn_records, prompts, golds, enabled=episode_detectors,
+                                                max_tool_calls=self.max_tool_calls))
+                for fired in flags.values():
+                    hack_b = np.maximum(hack_b, fired.astype(np.float32))
             counts = tuple(sorted((name, float(np.sum(fired))) for name, fired in flags.items()))
         tests_passed_b, tests_total_b = result.test_counts()
         tested_b = tests_total_b > 0
@@ -256,6 +271,15 @@ class RoundScorer:
                              test_frac_sum=float(np.sum(tests_passed_b[tested_b] / tests_total_b[tested_b])),
                              detector_counts=counts)
         return Scores(np.asarray(result.scores, np.float32), hack_b, stats, tests_passed_b, tests_total_b)
+
+    def environment_errors(self, prompt_idx_b, completions: Sequence[str], errors: Sequence[str | None]) -> None:
+        """Hands the episodes an environment ended with an error (raised, hung, returned
+        non-text) to ``on_result``, so they are logged like verifier errors."""
+        rows = [b for b, error in enumerate(errors) if error is not None]
+        if rows and self.on_result is not None:
+            result = pool_lib.VerifyResult(np.zeros(len(rows), np.float32), ["error"] * len(rows),
+                                           [f"environment: {errors[b]}" for b in rows])
+            self.on_result([self.items[prompt_idx_b[b]] for b in rows], [completions[b] for b in rows], result)
 
 
 class RewardShaper:
@@ -342,7 +366,12 @@ class RoundSampler:
         real = idx.shape[0] * num_g
         ep = episodes_lib.head(ep, real)
         t1 = time.perf_counter()
-        scored = self.score(np.repeat(idx, num_g), ep.final_texts, ep.truncated_b)
+        prompt_idx_b = np.repeat(idx, num_g)
+        multi_turn = self.episodes.multi_turn
+        scored = (self.score(prompt_idx_b, ep.final_texts, ep.truncated_b, turn_records=ep.turn_records)
+                  if multi_turn else self.score(prompt_idx_b, ep.final_texts, ep.truncated_b))
+        if hasattr(self.score, "environment_errors"):
+            self.score.environment_errors(prompt_idx_b, ep.final_texts, ep.errors)
         scores_b = np.asarray(scored.scores_b, np.float32).copy()
         for b in range(real):
             if ep.errors[b] is not None:
@@ -364,9 +393,13 @@ class RoundSampler:
             tokens_bt=ep.tokens_bt, mask_bt=ep.token_mask_bt, sampler_logp_bt=ep.logp_bt, length_b=ep.length_b,
             truncated_b=ep.truncated_b, scores_b=scores_b, rewards_b=rewards_b, overlong_b=overlong_b,
             hack_b=hack_b, tests_passed_b=scored.tests_passed_b,
-            tests_total_b=scored.tests_total_b, stats=stats)._replace(loss_mask_bt=ep.loss_mask_bt.copy())
+            tests_total_b=scored.tests_total_b, stats=stats)
+        traj = traj._replace(loss_mask_bt=ep.loss_mask_bt.copy())
+        if multi_turn:  # per-turn signals for step-level credit (single-turn rounds have none)
+            signals_bkn, turn_bt = episode_signals(ep, self.episodes.limits.max_turns)
+            traj = traj._replace(turn_bt=turn_bt, signals_bkn=signals_bkn)
         if self.on_episodes is not None:
-            self.on_episodes(np.repeat(idx, num_g), prompt_tokens_ps, prompt_mask_ps, num_g, ep, traj)
+            self.on_episodes(prompt_idx_b, prompt_tokens_ps, prompt_mask_ps, num_g, ep, traj)
         return traj
 
 
