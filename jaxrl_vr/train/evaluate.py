@@ -24,7 +24,7 @@ from jaxrl_vr.hooks import Hook
 from jaxrl_vr.layout import BASE_CALIBRATION, BASE_EVAL
 from jaxrl_vr.train.config import PipelineConfig
 from jaxrl_vr.envs.episodes import EpisodeRunner
-from jaxrl_vr.train.rollout import encode_episode_prompts, episode_runner, single_turn_runner
+from jaxrl_vr.train.rollout import encode_episode_prompts, episode_runner, make_scorer, single_turn_runner
 from jaxrl_vr.train.workdir import cached_counts, digest
 from jaxrl_vr.verifiers.pool import score_serial
 
@@ -135,6 +135,9 @@ def eval_runner(cfg: PipelineConfig, tokenizer) -> EpisodeRunner:
     return episode_runner(cfg, tokenizer, max_total_tokens=cfg.eval.max_new_tokens or cfg.rl.max_new_tokens)
 
 
+SANDBOXED_VERIFIERS = ("code", "humaneval")  # verifiers that run the completion as a program
+
+
 def evaluate_counts(model, tokenizer, items, cfg: PipelineConfig, seed_offset: int, *,
                     num_samples: int | None = None) -> dict:
     """``count_successes`` with the run's evaluation settings: ``num_samples`` (default
@@ -145,13 +148,24 @@ def evaluate_counts(model, tokenizer, items, cfg: PipelineConfig, seed_offset: i
     """
     num_samples = num_samples or cfg.eval.num_samples
     responses_per_chunk = cfg.eval.prompts_per_chunk * cfg.eval.num_samples
+    # Programs run in the verifier pool's worker processes: the sandbox forks, and forking
+    # this process (JAX's threads) can deadlock. Answer checks stay in-process.
+    sandboxed = any(it.verifier in SANDBOXED_VERIFIERS for it in items) and cfg.rl.verifier.workers > 0
+    score, close = make_scorer(cfg.rl.verifier.workers if sandboxed else 0, cfg.rl.verifier.timeout_s)
+    try:
+        return _evaluate_counts(model, tokenizer, items, cfg, seed_offset, num_samples, responses_per_chunk, score)
+    finally:
+        close()
+
+
+def _evaluate_counts(model, tokenizer, items, cfg, seed_offset, num_samples, responses_per_chunk, score):
     return count_successes(
         model, tokenizer, items, num_samples=num_samples,
         max_new_tokens=cfg.eval.max_new_tokens or cfg.rl.max_new_tokens,
         key=jax.random.key(cfg.seed * 7919 + seed_offset), temperature=cfg.eval.temperature,
         prompts_per_chunk=max(1, responses_per_chunk // num_samples), chat=cfg.model.chat,
         system_prompt=cfg.model.system_prompt, success_threshold=cfg.rl.success_threshold,
-        episodes=eval_runner(cfg, tokenizer))
+        episodes=eval_runner(cfg, tokenizer), scorer=score)
 
 
 def cached_evaluation(path: str, key: dict, model, tokenizer, items, cfg: PipelineConfig,
