@@ -23,7 +23,8 @@ from tqdm.auto import tqdm
 from jaxrl_vr.hooks import Hook
 from jaxrl_vr.layout import BASE_CALIBRATION, BASE_EVAL
 from jaxrl_vr.train.config import PipelineConfig
-from jaxrl_vr.envs.episodes import EpisodeRunner
+from jaxrl_vr.envs import episodes as episodes_lib
+from jaxrl_vr.envs.episodes import EpisodeRunner, Episodes
 from jaxrl_vr.train.rollout import encode_episode_prompts, episode_runner, make_scorer, single_turn_runner
 from jaxrl_vr.train.workdir import cached_counts, digest
 from jaxrl_vr.verifiers.pool import score_serial
@@ -66,8 +67,9 @@ def count_successes(
         lengths count model tokens); None = one-turn episodes of the prompts.
 
     Returns:
-      {"counts": int64 [P] correct out of n, "n": n, "generated_tokens": int,
-       "statuses": {status: count}, "mean_length": float}.
+      {"counts": int64 [P] correct out of n, "n": n, "generated_tokens": int (model tokens),
+       "statuses": {status: count}, "mean_length": float}, and for multi-turn episodes
+      "episodes": ``episode_totals`` summed.
     """
     scorer = score_serial if scorer is None else scorer
     items = list(items)
@@ -80,6 +82,7 @@ def count_successes(
     statuses: dict[str, int] = {}
     generated = 0
     lengths = []
+    totals: dict = {}
     for start in range(0, len(items), chunk):
         part = items[start : start + chunk]
         real = len(part)
@@ -90,6 +93,9 @@ def count_successes(
                           episodes=episodes)
         mask_bt = sampled.mask_bt[: real * num_samples]
         texts = sampled.texts[: real * num_samples]
+        if episodes.multi_turn:
+            for name, value in episode_totals(sampled.episodes, real * num_samples).items():
+                totals[name] = totals.get(name, 0) + value
         result = scorer([it for it in part[:real] for _ in range(num_samples)], texts)
         ok = (np.asarray(result.scores) >= success_threshold).reshape(real, num_samples)
         counts[start : start + real] = ok.sum(axis=1)
@@ -104,17 +110,37 @@ def count_successes(
         "generated_tokens": generated,
         "statuses": statuses,
         "mean_length": float(np.concatenate(lengths).mean()),
+        **({"episodes": totals} if totals else {}),
     }
 
 
 class Sampled(NamedTuple):
     """One evaluation call's samples: the texts the verifier scores, the model's tokens
-    (mask), their log-probs and truncation, B = P·n rows."""
+    (mask), their log-probs and truncation, B = P·n rows, and the episodes."""
 
     texts: list
     mask_bt: np.ndarray
     logp_bt: np.ndarray
     truncated_b: np.ndarray
+    episodes: Episodes
+
+
+def episode_totals(ep: Episodes, rows: int) -> dict:
+    """Model turns, tool calls (made, parsed, run without error), environment tokens and
+    errors summed over the first ``rows`` episodes."""
+    ep = episodes_lib.head(ep, rows)
+    counts = episodes_lib.tool_counts(ep)
+    return {"episodes": rows, "turns": int(ep.turns_b.sum()), "tool_calls": counts["calls"],
+            "tool_calls_valid": counts["valid"], "tool_calls_ok": counts["ok"],
+            "env_tokens": int(ep.env_tokens_b.sum()), "env_errors": counts["errors"]}
+
+
+def episode_rates(totals: dict) -> dict:
+    """Per-episode and per-call rates of ``episode_totals`` (NaN-free: 0 without calls)."""
+    n, calls = max(totals["episodes"], 1), max(totals["tool_calls"], 1)
+    return {"turns_per_episode": totals["turns"] / n, "tool_calls_per_episode": totals["tool_calls"] / n,
+            "tool_call_valid_rate": totals["tool_calls_valid"] / calls,
+            "tool_call_ok_rate": totals["tool_calls_ok"] / calls, "env_errors": totals["env_errors"]}
 
 
 def _runner(episodes, tokenizer, max_new_tokens, chat, system_prompt) -> EpisodeRunner:
@@ -127,7 +153,7 @@ def _runner(episodes, tokenizer, max_new_tokens, chat, system_prompt) -> Episode
 def _sample(key, model, items, tokens_ps, mask_ps, *, num_samples, temperature, episodes) -> Sampled:
     """Plays episodes; the verifier scores each one's final model turn."""
     ep = episodes.run(key, model, items, tokens_ps, mask_ps, num_samples=num_samples, temperature=temperature)
-    return Sampled(list(ep.final_texts), ep.loss_mask_bt, ep.logp_bt, ep.truncated_b)
+    return Sampled(list(ep.final_texts), ep.loss_mask_bt, ep.logp_bt, ep.truncated_b, ep)
 
 
 def eval_runner(cfg: PipelineConfig, tokenizer) -> EpisodeRunner:

@@ -27,7 +27,7 @@ from jaxrl_vr import layout
 from jaxrl_vr.atomic import write_json
 from jaxrl_vr.config_tree import to_tree
 from jaxrl_vr.train.config import PipelineConfig, upgrade_legacy, validate
-from jaxrl_vr.train.evaluate import evaluate_base, evaluate_counts
+from jaxrl_vr.train.evaluate import episode_rates, evaluate_base, evaluate_counts
 from jaxrl_vr.train.loop import RLTrainer
 from jaxrl_vr.train.parts import build_parts
 from jaxrl_vr.train.sources import export_policy, load_policy, load_task
@@ -143,6 +143,10 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
         "plots": plots,
         "export_dir": export_dir,
     }
+    if "episodes" in base_eval:  # multi-turn: how the policy used its tools, before and after
+        for when, result in (("base", base_eval), ("final", final_eval)):
+            for name, value in episode_rates(result["episodes"]).items():
+                summary[f"{when}_{name}"] = value
     if reevaluate and finished is not None:
         write_json(os.path.join(workdir, layout.SUMMARY_REEVALUATED), eval_lib.to_jsonable(summary))
     else:

@@ -29,6 +29,9 @@ def test_tool_arith_runs_dumps_episodes_and_resumes_exactly(tmp_path):
     with open(os.path.join(straight, "summary.json")) as f:
         summary = json.load(f)
     assert summary["budget"]["generated_tokens"] > 0 and "env_tokens" in summary["budget"]
+    for when in ("base", "final"):  # tool use before and after, from the evaluation episodes
+        assert 0.0 <= summary[f"{when}_tool_call_valid_rate"] <= 1.0
+        assert 1.0 <= summary[f"{when}_turns_per_episode"] <= 2.0
 
     # The dump: ids after the prompt, a loss mask of the same length, segments that tile the
     # ids with loss mask 1 exactly on the model's segments.
