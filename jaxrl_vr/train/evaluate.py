@@ -203,9 +203,9 @@ class PromptStats(NamedTuple):
     Attributes:
       counts_p: int64 [P] correct samples.
       length_sum_p: int64 [P] response tokens (including the stop token) over all samples.
-      neg_logp_sum_p: float64 [P] Σ −log π(y_t | prefix) over those tokens (untempered
-        policy); divided by ``length_sum_p`` it is a Monte-Carlo estimate of the per-token
-        entropy at temperature 1.
+      neg_logp_sum_p: float64 [P] Σ −log π_T(y_t | prefix) over those tokens (the tempered
+        policy they were drawn from); divided by ``length_sum_p`` it is a Monte-Carlo
+        estimate of the per-token entropy at the evaluation temperature T.
       truncated_p: int64 [P] samples that hit ``max_new_tokens`` without a stop token.
     """
 
