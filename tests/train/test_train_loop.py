@@ -311,3 +311,31 @@ def test_sampler_logprobs_are_the_trainers_at_temperature_below_one(tmp_path, de
     assert abs(row["kl"]) < 1e-5, row["kl"]
     if not detach_behaviour:
         assert abs(row["logp_gap_sampler_trainer"]) < 1e-5 and row["logp_gap_abs_max"] < 1e-4, row
+
+
+def test_a_resumed_run_says_from_which_step(tmp_path):
+    rl = RLConfig(steps=2, prompts_per_step=2, samples_per_prompt=2, max_new_tokens=2, num_minibatches=1,
+                  verifier=VerifierConfig(workers=0), checkpoint_every=1)
+    first = lib.make_trainer(tmp_path, TOKENIZER, ITEMS, rl=rl, tracker=_tracker())
+    lines = []
+    first.log = lines.append
+    first.run(stop_after=1)
+    first.close()
+    assert lines == []  # a fresh start says nothing
+    resumed = lib.make_trainer(tmp_path, TOKENIZER, ITEMS, rl=rl, tracker=_tracker())
+    resumed.log = lines.append
+    assert [row["step"] for row in resumed.run()] == [2]
+    resumed.close()
+    assert lines == [f"[rl] resuming after step 1 of 2 from {tmp_path / 'checkpoints'}"], lines
+
+
+def test_evaluation_progress_without_a_terminal_has_no_carriage_returns(capsys):
+    from jaxrl_vr.train.evaluate import eval_layout, evaluate_policy
+
+    items = ITEMS[:4]
+    result = evaluate_policy(lib.tiny_decoder(TOKENIZER.vocab_size), TOKENIZER, items, num_samples=2,
+                             max_new_tokens=2, key=jax.random.key(0), layout=eval_layout(4, 2, responses_per_call=4),
+                             progress=True, desc="final")
+    assert result.stats is not None
+    err = capsys.readouterr().err  # pytest's capture is not a TTY, like a log file
+    assert "\r" not in err and "final chunk 2/2 (100%)" in err, err
