@@ -39,6 +39,8 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from absl import app, flags
 
+from experiments import cli
+
 from experiments.config_files import build_config, split_override
 from jaxrl_vr import eval as eval_lib
 from jaxrl_vr import layout, passk
@@ -669,5 +671,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    cli.exit_on_interrupt()
     define_flags()
-    app.run(main)
+    app.run(main, flags_parser=cli.flags_parser(__doc__))

@@ -23,6 +23,8 @@ from typing import Any, Callable
 import jax
 from absl import app, flags, logging
 
+from experiments import cli
+
 from jaxrl_vr import eval as eval_lib
 from jaxrl_vr import compilation_cache, layout
 from jaxrl_vr.train import run_io
@@ -253,5 +255,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    cli.exit_on_interrupt()
     define_flags()
-    app.run(main)
+    app.run(main, flags_parser=cli.flags_parser(__doc__))

@@ -8,15 +8,23 @@ newest complete checkpoint (the config must match; see jaxrl_vr.train.pipeline).
 A user's mistake (a config file that does not exist, a mistyped or moved key, a value that
 does not parse, a workdir that cannot be a directory, a missing flag) is reported in one
 ``error: ...`` line on stderr, with a "did you mean" suggestion for keys, and exit status
-2, before any model is built.
+2, before any model is built; so is a bad model path or data file (before the workdir is
+written). SIGINT or SIGTERM stops with one ``stopped: ...`` line and exit status 130
+(inside the RL loop after checkpointing the current step). ``-h`` / ``--help`` print this
+text and the flags.
 """
 
 from __future__ import annotations
 
-import os
-import re
 import sys
-from typing import NoReturn
+
+from experiments import cli
+
+if __name__ == "__main__":  # before the imports below, which take seconds
+    cli.exit_on_interrupt()
+
+import os  # noqa: E402
+import re  # noqa: E402
 
 from absl import app, flags, logging
 
@@ -29,9 +37,6 @@ from jaxrl_vr.train.config import PipelineConfig
 from jaxrl_vr.train.rollout import VerifierFailure
 from jaxrl_vr.train.workdir import WorkdirError
 
-USAGE_ERROR = 2  # exit status for a user's mistake
-INTERRUPTED = 130  # exit status after SIGINT / SIGTERM (the last complete step is checkpointed)
-
 _CONFIG = flags.DEFINE_string("config", None, "Config file, e.g. experiments/configs/default.py[:smoke].")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created; resumable).")
 _REEVALUATE = flags.DEFINE_bool(
@@ -40,10 +45,7 @@ _REEVALUATE = flags.DEFINE_bool(
 _OVERRIDES: list[tuple[str, str]] = []  # --config.<key>=<value>, taken out of argv by parse_flags
 
 
-def fail(message: str) -> NoReturn:
-    """Prints ``error: <message>`` (one line) to stderr and exits with status 2."""
-    print(f"error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
-    sys.exit(USAGE_ERROR)
+USAGE_ERROR, INTERRUPTED, fail = cli.USAGE_ERROR, cli.INTERRUPTED, cli.fail
 
 
 def take_overrides(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
@@ -67,6 +69,7 @@ def take_overrides(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
 def parse_flags(argv: list[str]) -> list[str]:
     """absl flag parsing with one-line errors (exit 2) instead of tracebacks and usage dumps;
     the config overrides are kept for ``main``."""
+    cli.print_help_if_asked(argv, __doc__)
     rest, overrides = take_overrides(argv)
     _OVERRIDES[:] = overrides
     try:
@@ -140,10 +143,14 @@ def main(argv):
     except WorkdirError as err:
         print(f"error: {err}", file=sys.stderr)
         return USAGE_ERROR
-    except ValueError as err:  # config validation (before any work) and data problems
+    except (ValueError, FileNotFoundError) as err:  # config, data and model-path problems
         fail(str(err))
     except RunInterrupted as err:
         print(f"stopped: {err}", file=sys.stderr)
+        return INTERRUPTED
+    except KeyboardInterrupt:  # a second Ctrl-C inside the RL loop
+        print("stopped: interrupted twice; aborted without a checkpoint of the current step. "
+              "Re-run the same command to resume from the last one.", file=sys.stderr)
         return INTERRUPTED
     except VerifierFailure as err:
         print(f"error: {err}", file=sys.stderr)

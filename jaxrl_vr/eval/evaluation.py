@@ -53,8 +53,8 @@ DEFINITIONS = {
     "chance_p_value": "two-sided: min(1, 2·min(P(X ≥ observed), P(X ≤ observed))) under the Poisson-binomial "
                       "law with those π; ≥ 0.05 is reported as 'no difference from sampling noise detected'",
     "chance_reference_n": "calibration samples per prompt available to the chance baselines (0: none)",
-    "entropy": "Σ −log π(y_t | prefix) / Σ tokens over the sampled response tokens (untempered policy): a "
-               "Monte-Carlo estimate of the per-token entropy at temperature 1",
+    "entropy": "Σ −log π_T(y_t | prefix) / Σ tokens over the sampled response tokens (π_T: the policy at "
+               "the sampling temperature T): a Monte-Carlo estimate of the per-token entropy at T",
     "mean_length": "response tokens per sample, stop token included",
     "truncation_rate": "fraction of samples that reached max_new_tokens without a stop token",
 }

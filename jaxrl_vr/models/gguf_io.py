@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import struct
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -31,6 +32,7 @@ from jaxrl_vr.models.tokenizers import GGUFTokenizer, tokenizer_from_gguf
 __all__ = [
     "from_gguf",
     "read_gguf",
+    "check_gguf_header",
     "GGUFCheckpoint",
     "dequantize",
     "unpermute_qk",
@@ -340,6 +342,24 @@ def _config_from_metadata(reader, arch: str, tensor_shapes: Mapping[str, tuple[i
     )
 
 
+GGUF_VERSIONS = (2, 3)  # what the gguf package reads
+
+
+def check_gguf_header(path: str | os.PathLike) -> int:
+    """The GGUF version of ``path``; ValueError naming the file and the fix when its first
+    bytes are not a GGUF header (read in microseconds, before the file is parsed)."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head[:4] != b"GGUF":
+        raise ValueError(f"{os.fspath(path)!r} is not a GGUF file (it starts with {head[:4]!r}, not "
+                         "b'GGUF'); pass a llama.cpp .gguf model file.")
+    version = struct.unpack("<I", head[4:8])[0] if len(head) == 8 else -1
+    if version not in GGUF_VERSIONS:
+        raise ValueError(f"{os.fspath(path)!r} has a GGUF header of version {version}, not one of "
+                         f"{GGUF_VERSIONS}: the file is damaged or not a GGUF model; download it again.")
+    return version
+
+
 def read_gguf(path: str | os.PathLike, *, dtype: str = "float32", with_tokenizer: bool = True) -> GGUFCheckpoint:
     """Parse a GGUF file into (DecoderConfig, float32 HF-named tensors, tokenizer).
 
@@ -350,7 +370,11 @@ def read_gguf(path: str | os.PathLike, *, dtype: str = "float32", with_tokenizer
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"GGUF file {path!r} does not exist.")
-    reader = gguf.GGUFReader(path, "r")
+    check_gguf_header(path)
+    try:
+        reader = gguf.GGUFReader(path, "r")
+    except (ValueError, IndexError, struct.error) as err:  # a truncated or damaged file
+        raise ValueError(f"GGUF file {path!r} is damaged or truncated ({err}); download it again.") from None
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(

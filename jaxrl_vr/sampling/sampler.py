@@ -9,10 +9,11 @@ the compiled program. Prompt length S and the response buffer are rounded up to 
 of `bucket` (extra left padding / unused slots), and temperature, top-p, top-k,
 max_new_tokens, stop ids and pad id are traced values: changing them does not recompile.
 
-Log-probabilities: `Rollout.logp_bt` is log π(y_t | prefix) of the sampled token under the
-*untempered* model (temperature 1, no top-p/top-k truncation), float32 — the quantity the
-trainer's importance ratios compare against. It is not the log-probability under the
-tempered/truncated sampling distribution.
+Log-probabilities: `Rollout.logp_bt` is log π_T(y_t | prefix) = log softmax(z / T)_y of the
+sampled token, float32: the tempered distribution the token was drawn from, which is what
+the trainer scores (``train.step`` divides the logits by the same T). Top-p / top-k
+truncation is not in it: the trainer scores the untruncated tempered distribution, and with
+a filter on the draw's support is the filtered subset of it. Greedy decoding records T = 1.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class Rollout(NamedTuple):
 
     Attributes:
       tokens_bt: int32 [B, T] response tokens, `pad_id` after the stop token.
-      logp_bt: float32 [B, T] untempered log π of each sampled token (0 where masked).
+      logp_bt: float32 [B, T] log π_T of each sampled token, T the temperature (0 where masked).
       mask_bt: bool [B, T] response tokens, including the stop token.
       length_b: int32 [B] number of response tokens (= mask_bt.sum(1)).
       truncated_b: bool [B] True when no stop token was emitted within max_new_tokens.
@@ -177,34 +178,32 @@ def sample_token(key: jax.Array, logits_bv: jax.Array, *, temperature: jax.Array
 def sample_token_and_logprob(key: jax.Array, logits_bv: jax.Array, *, temperature: jax.Array,
                              top_k: jax.Array, top_p: jax.Array, greedy: bool,
                              use_filter: bool) -> tuple[jax.Array, jax.Array]:
-    """`sample_token`'s draw (the same token for the same key) and its untempered log-prob.
+    """`sample_token`'s draw (the same token for the same key) and its tempered log-prob.
 
-    log π(y) = z_y − logsumexp(z) of the float32 logits z (temperature 1, no filter), the
-    sampler's contract (`Rollout.logp_bt`, `ratios.token_logprobs`). For plain sampling at
-    temperature 1 the draw's unnormalised probabilities exp(z − max z) are the normaliser's
-    terms, so log Z = max z + log Σ exp(z − max z) reuses their sum instead of a second exp
-    pass over the vocabulary (5.9 ms a decode step at batch 64 over 49k logits on a 2-core
-    AVX2 EPYC, docs/performance.md at 9f22ea1, "perf20"); any other temperature, a filter or greedy
-    decoding computes logsumexp(z) as its own pass.
+    log π_T(y) = z_y/T − logsumexp(z/T) of the float32 logits z: the distribution the token
+    was drawn from, as the trainer scores it (`Rollout.logp_bt`, `ratios.token_logprobs` of
+    logits / T); top-p / top-k truncation is not in it, and greedy decoding uses T = 1.
+    Without a filter the draw's unnormalised probabilities exp(z/T − max z/T) are the
+    normaliser's terms, so log Z = max z/T + log Σ exp(z/T − max z/T) reuses their sum
+    instead of a second exp pass over the vocabulary (5.9 ms a decode step at batch 64 over
+    49k logits on a 2-core AVX2 EPYC, docs/performance.md at 9f22ea1, "perf20"); a filter or
+    greedy decoding computes logsumexp as its own pass.
 
     Returns:
       (int32 [B] tokens, float32 [B] log-probs).
     """
     logits_bv = logits_bv.astype(jnp.float32)
+    scaled_bv = logits_bv if greedy else logits_bv / temperature
 
     def separate_pass(token_b):
-        return ratios.token_logprobs(logits_bv[:, None, :], token_b[:, None])[:, 0]
+        return ratios.token_logprobs(scaled_bv[:, None, :], token_b[:, None])[:, 0]
 
     if greedy or use_filter:
         token_b = sample_token(key, logits_bv, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
                                use_filter=use_filter)
         return token_b, separate_pass(token_b)
-    token_b, max_b, mass_b = _inverse_cdf_draw(key, logits_bv / temperature)  # `sample_token`'s draw.
-
-    def from_the_draw(token_b):  # At temperature 1 the draw's max and mass are logsumexp(z)'s.
-        return jnp.take_along_axis(logits_bv, token_b[:, None], axis=-1)[:, 0] - (max_b + jnp.log(mass_b))
-
-    return token_b, jax.lax.cond(temperature == 1, from_the_draw, separate_pass, token_b)
+    token_b, max_b, mass_b = _inverse_cdf_draw(key, scaled_bv)  # `sample_token`'s draw.
+    return token_b, jnp.take_along_axis(scaled_bv, token_b[:, None], axis=-1)[:, 0] - (max_b + jnp.log(mass_b))
 
 
 def _prefill(model: Decoder, layer_params, tokens_ps, mask_ps, max_len: int, cache_dtype=None):

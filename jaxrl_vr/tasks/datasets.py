@@ -97,13 +97,20 @@ def load_task_file(path: str, *, on_error: str = "skip", split: str | None = Non
 
     Returns:
       LoadedTasks(items, problems).
+
+    Raises:
+      FileNotFoundError: ``path`` does not exist.
+      ValueError: ``path`` is a directory, or two rows share an id (or, without ids, a
+        prompt), naming both lines.
     """
     if on_error not in ("skip", "raise"):
         raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}.")
     if not os.path.exists(path):
         raise FileNotFoundError(f"Task file {path} does not exist.")
+    if os.path.isdir(path):
+        raise ValueError(f"Task file {path} is a directory; give a .jsonl or .parquet file.")
     source = os.path.splitext(os.path.basename(path))[0]
-    items, problems = [], []
+    items, problems, first_line = [], [], {}
     for number, row in _rows(path):
         try:
             if isinstance(row, Exception):
@@ -117,6 +124,12 @@ def load_task_file(path: str, *, on_error: str = "skip", split: str | None = Non
             logger.warning("Skipping malformed task %s", message)
             problems.append(message)
             continue
+        where = "row" if path.endswith(".parquet") else "line"
+        if item.uid in first_line:  # the tracker and the caches key prompts by uid
+            what = "id" if row.get("id") is not None else "prompt"
+            raise ValueError(f"{path}:{where} {number} repeats the {what} of {where} "
+                             f"{first_line[item.uid]}; remove the duplicate rows (each prompt once).")
+        first_line[item.uid] = number
         if in_split(item.prompt, split, heldout_fraction=heldout_fraction):
             items.append(item)
     return LoadedTasks(items, problems)

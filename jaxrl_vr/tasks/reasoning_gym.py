@@ -17,8 +17,15 @@ try:  # imported here so a verifier worker pays it while resolving, not within a
 except ImportError:  # the adapter is optional ("tasks" extra)
     reasoning_gym = None
 
-__all__ = ["make_reasoning_gym_items", "reasoning_gym_verifier"]
+__all__ = ["make_reasoning_gym_items", "reasoning_gym_names", "reasoning_gym_verifier"]
 
+
+def reasoning_gym_names() -> tuple[str, ...]:
+    """The registered generator names (() when reasoning-gym is not installed)."""
+    if reasoning_gym is None:
+        return ()
+    from reasoning_gym.factory import DATASETS  # noqa: PLC0415
+    return tuple(sorted(DATASETS))
 
 
 @functools.lru_cache(maxsize=64)

@@ -18,13 +18,13 @@ from typing import Callable, NamedTuple, Sequence
 
 import jax
 import numpy as np
-from tqdm.auto import tqdm
 
 from jaxrl_vr.hooks import Hook
 from jaxrl_vr.layout import BASE_CALIBRATION, BASE_EVAL
 from jaxrl_vr.train.config import PipelineConfig
 from jaxrl_vr.envs import episodes as episodes_lib
 from jaxrl_vr.envs.episodes import EpisodeRunner, Episodes
+from jaxrl_vr.train.metrics import ProgressBar
 from jaxrl_vr.train.rollout import encode_episode_prompts, episode_runner, make_scorer, single_turn_runner
 from jaxrl_vr.train.workdir import cached_counts, digest
 from jaxrl_vr.verifiers.pool import score_serial
@@ -261,9 +261,9 @@ class PromptStats(NamedTuple):
     Attributes:
       counts_p: int64 [P] correct samples.
       length_sum_p: int64 [P] response tokens (including the stop token) over all samples.
-      neg_logp_sum_p: float64 [P] Σ −log π(y_t | prefix) over those tokens (untempered
-        policy); divided by ``length_sum_p`` it is a Monte-Carlo estimate of the per-token
-        entropy at temperature 1.
+      neg_logp_sum_p: float64 [P] Σ −log π_T(y_t | prefix) over those tokens (the tempered
+        policy they were drawn from); divided by ``length_sum_p`` it is a Monte-Carlo
+        estimate of the per-token entropy at the evaluation temperature T.
       truncated_p: int64 [P] samples that hit ``max_new_tokens`` without a stop token.
     """
 
@@ -370,7 +370,7 @@ def evaluate_policy(
       store: optional ``jaxrl_vr.eval.ChunkStore``: finished chunks are read from it and
         new ones written to it.
       max_chunks: compute at most this many new chunks, then return (incomplete).
-      progress: show a tqdm bar over chunks (stderr).
+      progress: show progress over chunks on stderr (a bar on a terminal, plain lines otherwise).
       desc: the bar's label.
       episodes: an `EpisodeRunner` for environment tasks (``count_successes``).
 
@@ -391,8 +391,9 @@ def evaluate_policy(
     todo = [c for c in range(layout.num_chunks) if c not in done]
     if max_chunks is not None:
         todo = todo[: max(0, int(max_chunks))]
-    bar = tqdm(total=layout.num_chunks, initial=len(done & set(range(layout.num_chunks))), desc=desc,
-               unit="chunk", disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    # A bar on a terminal; without one (a log file) a plain line every 10 chunks or 30 s.
+    bar = ProgressBar(layout.num_chunks, initial=len(done & set(range(layout.num_chunks))),
+                      desc=desc, unit="chunk", disable=not progress, file=sys.stderr)
     try:
         for chunk in todo:
             part = items[chunk * layout.prompts_per_chunk : (chunk + 1) * layout.prompts_per_chunk]
@@ -405,7 +406,7 @@ def evaluate_policy(
             if store is not None:
                 store.save(chunk, result)
             results[chunk] = result
-            bar.update(1)
+            bar.update({})
     finally:
         bar.close()
     finished = done | set(results)

@@ -39,8 +39,9 @@ class RLTrainer:
     """RL on the policy of ``parts`` (module docstring); ``calibration_tokens`` were spent on
     calibration passes before RL (charged to the budget when ``rl.budget`` says so)."""
 
-    def __init__(self, parts: Parts, *, calibration_tokens: float = 0.0):
-        self.parts, self.state = parts, parts.initial_state
+    def __init__(self, parts: Parts, *, calibration_tokens: float = 0.0,
+                 log: Callable[[str], None] = print):
+        self.parts, self.state, self.log = parts, parts.initial_state, log
         self.budget = Budget(calibration_tokens=float(calibration_tokens))
 
     def model(self):
@@ -128,6 +129,9 @@ class RLTrainer:
         p = self.parts
         start = self.restore()
         end = p.cfg.rl.steps if stop_after is None else min(p.cfg.rl.steps, stop_after)
+        if start > 0:
+            self.log(f"[rl] resuming after step {start} of {p.cfg.rl.steps} from "
+                     f"{p.checkpoints.directory}")
         writer = MetricsWriter(p.workdir, tensorboard=p.cfg.run.tensorboard,
                                resume_step=start if start > 0 else None)
         bar = ProgressBar(p.cfg.rl.steps, initial=start, disable=not p.cfg.run.progress)

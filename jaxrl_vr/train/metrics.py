@@ -129,7 +129,7 @@ class ProgressBar:
 
     Args:
       total: number of steps; initial: steps already done (resume).
-      desc: label. disable: no output (tests).
+      desc: label. unit: what a step is called ("chunk" for evaluation). disable: no output.
       file: the stream (default sys.stderr).
       every_steps, every_s: plain-line interval (non-TTY only).
       tty: force the TTY (True) or plain (False) mode; None = ask the stream.
@@ -142,6 +142,7 @@ class ProgressBar:
         *,
         initial: int = 0,
         desc: str = "rl",
+        unit: str = "step",
         disable: bool = False,
         file=None,
         every_steps: int = 10,
@@ -154,7 +155,7 @@ class ProgressBar:
         self._file = sys.stderr if file is None else file
         self._disable = disable
         self._plain = not disable and not (_isatty(self._file) if tty is None else tty)
-        self._total, self._initial, self._desc = int(total), int(initial), desc
+        self._total, self._initial, self._desc, self._unit = int(total), int(initial), desc, unit
         self._every_steps, self._every_s = int(every_steps), float(every_s)
         self._clock = clock
         self._start = clock()
@@ -174,7 +175,7 @@ class ProgressBar:
                 disable=disable,
                 dynamic_ncols=True,
                 file=self._file,
-                unit="step",
+                unit=unit,
             )
 
     def update(self, scalars: Mapping[str, float], *, keys=("reward", "pass_rate", "kl")) -> None:
@@ -183,7 +184,8 @@ class ProgressBar:
         now = self._clock()
         elapsed = max(now - self._start, 1e-9)
         post = {k: f"{scalars[k]:.3f}" for k in keys if k in scalars}
-        post["tok/s"] = f"{self._tokens / elapsed:.0f}"
+        if self._tokens:  # evaluation chunks report no tokens
+            post["tok/s"] = f"{self._tokens / elapsed:.0f}"
         self._post = post
         if self._bar is not None:
             self._bar.set_postfix(post, refresh=False)
@@ -205,7 +207,8 @@ class ProgressBar:
         percent = 100.0 * self._done / self._total if self._total else 100.0
         post = " ".join(f"{k} {v}" for k, v in self._post.items())
         return (
-            f"{self._desc} step {self._done}/{self._total} ({percent:.0f}%) | {rate:.3g} step/s | "
+            f"{self._desc} {self._unit} {self._done}/{self._total} ({percent:.0f}%) | "
+            f"{rate:.3g} {self._unit}/s | "
             f"ETA {_duration(eta)} | elapsed {_duration(elapsed)}" + (f" | {post}" if post else "")
         )
 

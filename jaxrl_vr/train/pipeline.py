@@ -1,7 +1,9 @@
 """An experiment end to end: task + model source → base pass rates → RL → evaluation → report.
 
 1. Validate the whole config, load the task (``sources.TASK_SOURCES``: its verifiers
-   checked, its splits non-empty), then create (or check) the workdir.
+   checked, its splits non-empty, no prompt twice), check the model path, then create (or
+   check) the workdir. A workdir whose run stopped before its first RL step takes a
+   corrected config (``workdir.prepare_workdir``).
 2. Load the base policy (``sources.MODEL_SOURCES``: the builtin SFT-warm-started decoder, a
    Hugging Face directory, a GGUF file, SmolLM2).
 3. Build the RL parts (``build_parts``), then estimate the base's per-prompt pass rates:
@@ -30,7 +32,7 @@ from jaxrl_vr.train.config import PipelineConfig, upgrade_legacy, validate
 from jaxrl_vr.train.evaluate import episode_rates, evaluate_base, evaluate_counts
 from jaxrl_vr.train.loop import RLTrainer
 from jaxrl_vr.train.parts import build_parts
-from jaxrl_vr.train.sources import export_policy, load_policy, load_task
+from jaxrl_vr.train.sources import check_model_source, export_policy, load_policy, load_task
 from jaxrl_vr.train.workdir import digest, prepare_workdir
 
 __all__ = ["run_pipeline"]
@@ -38,6 +40,22 @@ __all__ = ["run_pipeline"]
 CURVE_KEYS = ("reward", "pass_rate", "valid_group_frac", "kl", "entropy", "grad_norm",
               "clip_frac_low", "clip_frac_high", "response_length", "truncation_rate",
               "logp_gap_sampler_trainer", "adv_std")
+
+
+def report_title(cfg: PipelineConfig) -> str:
+    """report.md's title: the model (its file or directory) and the data (its file or task)."""
+    model = {"builtin": "the builtin decoder", "smollm2": "SmolLM2-135M-Instruct"}.get(cfg.model.source)
+    if cfg.model.path:
+        model = os.path.basename(os.path.normpath(cfg.model.path))
+    if cfg.task.name in ("jsonl", "parquet"):
+        data = os.path.basename(cfg.task.path)
+        if cfg.task.eval_path and cfg.task.eval_path != cfg.task.path:
+            data += f" (held out: {os.path.basename(cfg.task.eval_path)})"
+    elif cfg.task.name == "reasoning_gym":
+        data = f"reasoning-gym {cfg.task.rg_tasks}"
+    else:
+        data = f"the {cfg.task.name} task"
+    return f"jaxrl_vr: {model} on {data}"
 
 
 def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None] = print,
@@ -56,8 +74,13 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
     validate(cfg)
     tree = to_tree(cfg)
     data = load_task(cfg)
-    workdir, finished = prepare_workdir(workdir, tree, defaults=to_tree(PipelineConfig()),
-                                        upgrade=upgrade_legacy, steps=cfg.rl.steps, budget=cfg.rl.budget)
+    check_model_source(cfg)
+    workdir, finished, replaced = prepare_workdir(
+        workdir, tree, defaults=to_tree(PipelineConfig()), upgrade=upgrade_legacy,
+        steps=cfg.rl.steps, budget=cfg.rl.budget)
+    if replaced:
+        log(f"[run] {workdir}: its earlier run stopped before its first step; this config replaces "
+            f"its config.json ({replaced})")
     if finished is not None and not reevaluate:
         log(f"[run] {workdir} holds a finished run; its summary is "
             f"{os.path.join(workdir, layout.SUMMARY)} (pass --reevaluate to evaluate it again).")
@@ -80,7 +103,7 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
         log(f"[base] held-out pass@1 = {base_eval['counts'].mean() / n:.4f} ({len(data.heldout)} "
             f"prompts × {n} samples; regimes from {base.regime_n} calibration samples)")
         if parts is not None:
-            trainer = RLTrainer(parts, calibration_tokens=base.calibration_tokens)
+            trainer = RLTrainer(parts, calibration_tokens=base.calibration_tokens, log=log)
             t0 = time.perf_counter()
             rows = trainer.run(stop_after=stop_after)
             t_rl = time.perf_counter() - t0
@@ -150,8 +173,7 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
     if reevaluate and finished is not None:
         write_json(os.path.join(workdir, layout.SUMMARY_REEVALUATED), eval_lib.to_jsonable(summary))
     else:
-        eval_lib.write_report(summary, workdir, title=f"jaxrl_vr: {cfg.model.source} model on "
-                                                      f"{cfg.task.name}")
+        eval_lib.write_report(summary, workdir, title=report_title(cfg))
     if cfg.run.print_table:
         log(eval_lib.format_table(report))
         log(f"held-out pass@1: base {summary['base_pass_at_1']:.4f} -> final "

@@ -27,16 +27,18 @@ from flax import nnx
 from jaxrl_vr import layout
 from jaxrl_vr.models import (Decoder, DecoderConfig, from_gguf, from_pretrained, save_pretrained,
                              set_compute_dtype, smollm2)
+from jaxrl_vr.models.gguf_io import check_gguf_header
 from jaxrl_vr.models.tokenizers import CharTokenizer, HFTokenizer
-from jaxrl_vr.registry import Registry
+from jaxrl_vr.registry import Registry, did_you_mean
 from jaxrl_vr.tasks import arithmetic, tool_arith
+from jaxrl_vr.tasks.base import in_split
 from jaxrl_vr.tasks.datasets import load_task_file
 from jaxrl_vr.tasks.humaneval import load_problems, make_humaneval_items
-from jaxrl_vr.tasks.reasoning_gym import make_reasoning_gym_items
+from jaxrl_vr.tasks.reasoning_gym import make_reasoning_gym_items, reasoning_gym_names
 from jaxrl_vr.train.checkpoint import CheckpointMismatchError, Checkpointer
 from jaxrl_vr.train.sft import train_sft
 from jaxrl_vr.train.step import split_model
-from jaxrl_vr.train.workdir import WorkdirError, digest
+from jaxrl_vr.train.workdir import WorkdirError, completed_a_step, digest
 from jaxrl_vr.verifiers.registry import check_verifier
 
 if TYPE_CHECKING:  # the config imports these registries to check its names
@@ -90,6 +92,12 @@ def _reasoning_gym_task(cfg: PipelineConfig) -> TaskData:
     names = [n.strip() for n in task.rg_tasks.split(",") if n.strip()]
     if not names:
         raise ValueError("task.rg_tasks names no reasoning-gym generator, e.g. 'chain_sum'.")
+    known = reasoning_gym_names()
+    for name in names:
+        if known and name not in known:
+            raise ValueError(f"task.rg_tasks={task.rg_tasks!r}: {name!r} is not a reasoning-gym "
+                             f"generator{did_you_mean(name, known)}; give comma-separated names "
+                             "from reasoning_gym.factory.DATASETS.")
     config = json.loads(task.rg_config)
     shared = {k: v for k, v in config.items() if k not in names}
     per_task = {name: {**shared, **config.get(name, {})} for name in names}
@@ -108,26 +116,50 @@ def _reasoning_gym_task(cfg: PipelineConfig) -> TaskData:
 
 
 def _file_task(cfg: PipelineConfig) -> TaskData:
-    """Rows of task.path (and task.eval_path); malformed rows are skipped with their line."""
+    """Rows of task.path (and task.eval_path); malformed rows are skipped with their line.
+
+    Raises ValueError naming the file, the key and the fix when a file is missing, empty or
+    has no usable row, repeats a prompt, or when the held-out share of ``task.path`` (no
+    ``task.eval_path``) or its training share is empty.
+    """
     task = cfg.task
     keys = {"prompt_key": task.prompt_field, "answer_key": task.answer_field}
 
-    def load(path: str, split=None, fraction=0.0) -> list:
-        loaded = load_task_file(path, split=split, heldout_fraction=fraction, **keys)
+    def load(key: str, path: str) -> list:
+        if not os.path.exists(path):
+            raise ValueError(f"task.{key}={path!r} does not exist (relative to {os.getcwd()}); "
+                             f"give a .jsonl or .parquet file of rows.")
+        try:
+            loaded = load_task_file(path, **keys)
+        except ValueError as err:  # a directory, a repeated prompt
+            raise ValueError(f"task.{key}={path!r}: {err}") from None
         for problem in loaded.problems[:5]:
             print(f"[task] skipped {problem}")
         items = [it if it.verifier != "math" or task.verifier == "math"
                  else dataclasses.replace(it, verifier=task.verifier) for it in loaded.items]
+        if not items and not loaded.problems:
+            raise ValueError(f"task.{key}={path!r} is empty; give a file with one "
+                             f'{{"{task.prompt_field}": ..., "{task.answer_field}": ...}} row per line.')
         if not items:
-            raise ValueError(f"{path} holds no usable rows (fields {task.prompt_field!r} / "
-                             f"{task.answer_field!r}); check task.prompt_field / task.answer_field.")
+            raise ValueError(f"task.{key}={path!r} holds no usable rows ({len(loaded.problems)} "
+                             f"skipped, the first: {loaded.problems[0]}); check the rows or "
+                             "task.prompt_field / task.answer_field.")
         return items
 
     if task.eval_path:
-        train, heldout = load(task.path), load(task.eval_path)
+        train, heldout = load("path", task.path), load("eval_path", task.eval_path)
     else:
-        train = load(task.path, "train", task.eval_fraction)
-        heldout = load(task.path, "test", task.eval_fraction)
+        rows = load("path", task.path)
+        split = {name: [it for it in rows if in_split(it.prompt, name, heldout_fraction=task.eval_fraction)]
+                 for name in ("train", "test")}
+        for name, other in (("test", "held-out"), ("train", "training")):
+            if not split[name]:
+                raise ValueError(
+                    f"the {other} share of task.path={task.path!r} is empty: task.eval_fraction="
+                    f"{task.eval_fraction} of its {len(rows)} prompts puts {len(split['test'])} in "
+                    "the held-out split (by prompt hash); give held-out rows with task.eval_path, "
+                    "or change task.eval_fraction.")
+        train, heldout = split["train"], split["test"]
     if task.num_train:
         train = train[: task.num_train]
     if task.num_eval:
@@ -241,16 +273,23 @@ def _builtin_model(cfg: PipelineConfig, workdir: str, data: TaskData, log) -> Po
     key = builtin_digest(cfg)
     ckpt = Checkpointer(os.path.join(workdir, layout.BASE), max_to_keep=1)
     try:
+        # Before the first RL step a base of another config is rebuilt (the workdir took
+        # the corrected config); after it, the RL checkpoints depend on it.
+        rebuild = not completed_a_step(workdir)
         try:
             restored = ckpt.restore_latest_intact(params)  # a damaged base is moved aside, rebuilt
         except CheckpointMismatchError as err:
-            raise WorkdirError(f"{workdir}/base holds a model of another shape ({err}); delete "
-                               "it or choose a new --workdir.") from None
-        if restored is not None:
-            params, host, _ = restored
-            if host.get("digest") != key:
+            if not rebuild:
+                raise WorkdirError(f"{workdir}/base holds a model of another shape ({err}); delete "
+                                   "it or choose a new --workdir.") from None
+            restored = None
+        if restored is not None and restored[1].get("digest") != key:
+            if not rebuild:
                 raise WorkdirError(f"{workdir}/base was built with another model/SFT config; "
                                    "delete it or choose a new --workdir.")
+            restored = None
+        if restored is not None:
+            params, host, _ = restored
             nnx.update(model, params)
             log(f"[base] loaded cached SFT base from {ckpt.directory}")
             return Policy(model, tokenizer, dict(host.get("info", {})))
@@ -259,7 +298,8 @@ def _builtin_model(cfg: PipelineConfig, workdir: str, data: TaskData, log) -> Po
                             log_fn=lambda s, value: log(f"[sft] step {s:4d}  loss {value:.4f}"))
         info = {"sft_final_loss": history[-1], "sft_seconds": time.perf_counter() - start}
         _, params, _ = split_model(model)
-        ckpt.save(0, params, {"digest": key, "info": info})
+        latest = ckpt.latest_step()  # a rebuilt base replaces the old one (max_to_keep=1)
+        ckpt.save(0 if latest is None else latest + 1, params, {"digest": key, "info": info})
         return Policy(model, tokenizer, info)
     finally:
         ckpt.close()
@@ -267,18 +307,12 @@ def _builtin_model(cfg: PipelineConfig, workdir: str, data: TaskData, log) -> Po
 
 def _hf_model(cfg: PipelineConfig, workdir: str, data: TaskData, log) -> Policy:
     path = cfg.model.path
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        raise FileNotFoundError(f"model.path={path!r} is not a Hugging Face directory (no "
-                                "config.json); pass a directory with config.json, *.safetensors "
-                                "and tokenizer files.")
     log(f"[model] loading {path}")
     return Policy(from_pretrained(path, dtype=cfg.model.dtype), HFTokenizer.from_dir(path),
                   {"source": "hf", "path": os.path.abspath(path)})
 
 
 def _gguf_file(cfg: PipelineConfig, path: str, log) -> Policy:
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"GGUF file {path!r} does not exist.")
     log(f"[model] loading {path}")
     model, tokenizer = from_gguf(path, dtype=cfg.model.dtype)
     return Policy(model, tokenizer, {"source": cfg.model.source, "path": os.path.abspath(path)})
@@ -304,9 +338,72 @@ MODEL_SOURCES = Registry("model source", {
 })
 
 
+def _hf_path_problem(path: str) -> str | None:
+    if os.path.isfile(path):
+        what = "a GGUF file: use model.source=gguf" if path.endswith(".gguf") else \
+            "a file: pass a Hugging Face directory"
+        return f"is {what}."
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        return ("is not a Hugging Face directory (no config.json); pass a directory with "
+                "config.json, *.safetensors and tokenizer files.")
+    return None
+
+
+def _gguf_path_problem(path: str) -> str | None:
+    if os.path.isdir(path):
+        hint = (" (it holds config.json: use model.source=hf)"
+                if os.path.isfile(os.path.join(path, "config.json")) else "")
+        return f"is a directory, not a .gguf file{hint}; pass the GGUF file itself."
+    try:
+        check_gguf_header(path)
+    except ValueError as err:
+        return f"cannot be loaded: {err}"
+    return None
+
+
+# The cheap checks of a model source's path (no weights read), run before the workdir is
+# touched: source -> fn(path) -> what is wrong with it, or None.
+_PATH_PROBLEMS = {"hf": _hf_path_problem, "gguf": _gguf_path_problem, "smollm2": _gguf_path_problem}
+
+
+def check_model_source(cfg: PipelineConfig) -> None:
+    """Raises ValueError naming ``model.path`` and the fix when it is missing or of the wrong
+    kind for ``model.source`` (a directory for gguf, a file that is not GGUF, a directory
+    without config.json for hf); reads only a file's first bytes."""
+    check = _PATH_PROBLEMS.get(cfg.model.source)
+    path = cfg.model.path
+    if check is None or not path:  # builtin; smollm2 without a path is fetched
+        return
+    if not os.path.exists(path):
+        raise ValueError(f"model.path={path!r} does not exist (relative to {os.getcwd()}); "
+                         f"give the model's {'directory' if cfg.model.source == 'hf' else 'GGUF file'}.")
+    problem = check(path)
+    if problem:
+        raise ValueError(f"model.path={path!r} (model.source={cfg.model.source}) {problem}")
+
+
+def check_chat_template(cfg: PipelineConfig, tokenizer) -> None:
+    """Raises ValueError naming model.chat=False when ``model.chat`` is set and the tokenizer
+    has no chat template (checked before any prompt is rendered)."""
+    if not cfg.model.chat:
+        return
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": "1+1"}], add_generation_prompt=True)
+    except ValueError:
+        fix = " and model.system_prompt=None" if cfg.model.system_prompt is not None else ""
+        raise ValueError(f"model.chat=True, but the tokenizer of model.path={cfg.model.path!r} has no "
+                         f"chat template; set model.chat=False{fix} (prompts are then fed as "
+                         "plain text).") from None
+
+
 def load_policy(cfg: PipelineConfig, workdir: str, data: TaskData, *, log=print) -> Policy:
-    """The configured model source's base policy, with the configured compute precision."""
+    """The configured model source's base policy, with the configured compute precision.
+
+    Raises ValueError when ``model.chat`` is set and the tokenizer has no chat template.
+    """
+    check_model_source(cfg)
     policy = MODEL_SOURCES[cfg.model.source].fn(cfg, workdir, data, log)
+    check_chat_template(cfg, policy.tokenizer)
     if cfg.model.compute_dtype:  # bf16 matmul operands with float32 accumulation (mixed precision)
         set_compute_dtype(policy.model, cfg.model.compute_dtype)
     return policy

@@ -1,8 +1,8 @@
 """Run directories: ownership by config, content digests and cached JSON results.
 
 A workdir belongs to one config: ``prepare_workdir`` writes ``config.json`` the first time
-and refuses a later run whose config differs in a key that changes results (keys in
-``RESUMABLE_KEYS`` may change between resumes). Cached results (base evaluations and
+and, once that run has completed a step, refuses a later run whose config differs in a key
+that changes results (keys in ``RESUMABLE_KEYS`` may change between resumes). Cached results (base evaluations and
 calibrations) are JSON files stamped with the digest of what produced them.
 """
 
@@ -66,11 +66,20 @@ def check_workdir(workdir: str) -> str:
 
 
 class RunDir(NamedTuple):
-    """A prepared workdir: its path, and the summary of the run in it when that run is
-    finished (all ``steps`` done, or its budget spent); None otherwise."""
+    """A prepared workdir: its path, the summary of the run in it when that run is finished
+    (all ``steps`` done, or its budget spent; None otherwise), and the stored config's keys
+    this config replaced ("" when none: see ``prepare_workdir``)."""
 
     path: str
     finished: dict | None
+    replaced: str = ""
+
+
+def completed_a_step(workdir: str) -> bool:
+    """Whether a run in ``workdir`` got past its start: an RL checkpoint or a summary exists."""
+    checkpoints = os.path.join(workdir, layout.CHECKPOINTS)
+    return os.path.exists(os.path.join(workdir, layout.SUMMARY)) or (
+        os.path.isdir(checkpoints) and any(name.isdigit() for name in os.listdir(checkpoints)))
 
 
 def finished_summary(workdir: str, steps: int, budget: BudgetConfig) -> dict | None:
@@ -96,12 +105,19 @@ def prepare_workdir(workdir: str, config_tree: dict, defaults: dict | None = Non
     ``upgrade`` translates a stored config of an older layout to today's first. ``steps``
     and ``budget`` say when a run is finished (``RunDir.finished``).
 
+    A workdir whose run never completed an RL step (no checkpoint, no summary: it failed
+    or was stopped at start-up) takes the new config; ``RunDir.replaced`` lists what
+    changed. Its cached base evaluations are stamped with what produced them, so none is
+    reused for another config.
+
     Raises:
-      WorkdirError: ``workdir`` is (under) a file, or holds a run whose config differs in a
-        key that changes results (the message lists each differing key with both values).
+      WorkdirError: ``workdir`` is (under) a file, or holds a run that completed a step and
+        whose config differs in a key that changes results (the message lists each
+        differing key with both values).
     """
     workdir = check_workdir(workdir)
     path = os.path.join(workdir, layout.CONFIG)
+    replaced = ""
     if os.path.exists(path):
         with open(path) as f:
             stored = upgrade(json.load(f))
@@ -110,8 +126,10 @@ def prepare_workdir(workdir: str, config_tree: dict, defaults: dict | None = Non
         diffs = [k for k in sorted(set(a) | set(b))
                  if a.get(k) != b.get(k) and not any(k.startswith(p) for p in RESUMABLE_KEYS)
                  and not (k not in a and k in default and b.get(k) == default[k])]
-        if diffs:
-            lines = "; ".join(f"{k}: workdir has {a.get(k)!r}, config has {b.get(k)!r}" for k in diffs)
+        lines = "; ".join(f"{k}: workdir has {a.get(k)!r}, config has {b.get(k)!r}" for k in diffs)
+        if diffs and not completed_a_step(workdir):  # a failed start: the corrected config wins
+            replaced = lines
+        elif diffs:
             raise WorkdirError(f"--workdir {workdir} holds a run with a different config ({lines}). "
                                "Resume with the original config, or choose a new --workdir.")
     elif os.path.isdir(os.path.join(workdir, layout.CHECKPOINTS)) and os.listdir(
@@ -121,7 +139,7 @@ def prepare_workdir(workdir: str, config_tree: dict, defaults: dict | None = Non
     finished = finished_summary(workdir, steps, budget)
     os.makedirs(workdir, exist_ok=True)
     write_json(path, config_tree)
-    return RunDir(workdir, finished)
+    return RunDir(workdir, finished, replaced)
 
 
 def read_budget_marks(workdir: str) -> list[dict]:

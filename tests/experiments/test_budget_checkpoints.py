@@ -67,6 +67,7 @@ def test_workdir_of_an_older_version_resumes_unless_a_new_key_changes(tmp_path):
     old = PipelineConfig.from_dict(_tree()).to_dict()
     del old["rl"]["budget"]["include_calibration"]  # as written before the key existed
     prepare_workdir(str(tmp_path), old)
+    (tmp_path / "checkpoints" / "1").mkdir(parents=True)  # a step done: the config is binding
     prepare_workdir(str(tmp_path), PipelineConfig.from_dict(_tree()).to_dict(), defaults=defaults)
     with open(tmp_path / "config.json", "w") as f:
         json.dump(old, f)

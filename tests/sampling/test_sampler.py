@@ -214,7 +214,7 @@ def test_sampling_determinism_recompiles_prefill_and_logp(llama):
     stopped = np.asarray(first.mask_bt & (first.tokens_bt == 5)).any(1)
     np.testing.assert_array_equal(first.truncated_b, ~stopped)
 
-    # logp_bt is the untempered log π of each sampled token: recompute by teacher forcing.
+    # logp_bt is log π_T of each sampled token (T = 1 here): recompute by teacher forcing.
     tokens = jnp.concatenate([first.prompt_tokens_bs, first.tokens_bt], axis=1)
     full_mask = jnp.concatenate([first.prompt_mask_bs, first.mask_bt], axis=1)
     logits = forward(model, tokens, full_mask)[:, 9:-1]
@@ -459,44 +459,44 @@ class SampleTokenAndLogprobTest(chex.TestCase):
     """The decode loop's draw and log-prob: `sample_token`'s token, `ratios.token_logprobs`'s value."""
 
     @chex.variants(with_jit=True, without_jit=True)
-    def test_same_draw_and_untempered_logprob(self):
+    def test_same_draw_and_tempered_logprob(self):
+        """The log-prob is log softmax(z / T) of the drawn token, the trainer's (greedy: T = 1)."""
         logits = 4.0 * jax.random.normal(jax.random.key(0), (5, 3 * CDF_BLOCK + 7))
         fn = self.variant(sampler_lib.sample_token_and_logprob, static_argnames=("greedy", "use_filter"))
-        for temperature, greedy, use_filter in ((1.0, False, False), (0.7, False, False), (1.0, False, True),
-                                                (1.0, True, False)):
+        for temperature, greedy, use_filter in ((1.0, False, False), (0.7, False, False), (1.3, False, True),
+                                                (0.5, True, False)):
             hyper = dict(temperature=jnp.float32(temperature), top_k=jnp.int32(5), top_p=jnp.float32(0.9),
                          greedy=greedy, use_filter=use_filter)
+            scored = logits if greedy else logits / temperature
             for seed in range(3):
                 token, logp = fn(jax.random.key(seed), logits, **hyper)
                 np.testing.assert_array_equal(token, sample_token(jax.random.key(seed), logits, **hyper))
-                expected = ratios.token_logprobs(logits[:, None, :], token[:, None])[:, 0]
+                expected = ratios.token_logprobs(scored[:, None, :], token[:, None])[:, 0]
                 np.testing.assert_allclose(logp, expected, atol=1e-5, rtol=1e-6)
                 assert token.dtype == jnp.int32 and logp.dtype == jnp.float32
 
     def test_hand_computed(self):
-        """Two tokens with logits (log 3, log 1): log π = log 3/4 or log 1/4 whatever the temperature."""
+        """Two tokens with logits (log 3, log 1): π_1 = (3/4, 1/4); at T = 0.5, π ∝ (9, 1)."""
         logits = jnp.log(jnp.asarray([[3.0, 1.0]]))
-        for temperature in (1.0, 0.5):
-            token, logp = sampler_lib.sample_token_and_logprob(
-                jax.random.key(0), logits, temperature=jnp.float32(temperature), top_k=jnp.int32(0),
-                top_p=jnp.float32(1.0), greedy=False, use_filter=False)
-            np.testing.assert_allclose(logp, np.log([[0.75, 0.25][int(token[0])]]), rtol=1e-6)
+        for temperature, probs in ((1.0, (0.75, 0.25)), (0.5, (0.9, 0.1))):
+            for seed in range(4):
+                token, logp = sampler_lib.sample_token_and_logprob(
+                    jax.random.key(seed), logits, temperature=jnp.float32(temperature), top_k=jnp.int32(0),
+                    top_p=jnp.float32(1.0), greedy=False, use_filter=False)
+                np.testing.assert_allclose(logp, np.log([probs[int(token[0])]]), rtol=1e-6)
 
-    def test_temperature_one_reuses_the_draws_probabilities(self):
-        """At temperature 1 the log-normaliser comes from the draw's mass: that branch of the
-        `cond` has no exp (a second pass over the vocabulary); the other branch has one."""
+    def test_the_normaliser_reuses_the_draws_probabilities(self):
+        """Without a filter, at any temperature, the log-normaliser comes from the draw's mass:
+        one exp over the vocabulary in all (no second pass)."""
         jaxpr = jax.make_jaxpr(lambda z, t: sampler_lib.sample_token_and_logprob(
             jax.random.key(0), z, temperature=t, top_k=jnp.int32(0), top_p=jnp.float32(1.0), greedy=False,
-            use_filter=False))(jnp.zeros((2, 8)), jnp.float32(1.0))
-        (cond,) = [eqn for eqn in jaxpr.eqns if eqn.primitive.name == "cond"]
+            use_filter=False))(jnp.zeros((2, 8)), jnp.float32(0.7))
 
-        def primitives(jaxpr):  # Every primitive, nested calls included.
-            return {name for eqn in jaxpr.eqns for name in {eqn.primitive.name}.union(
-                *(primitives(sub) for sub in jax.extend.core.jaxprs_in_params(eqn.params)))}
+        def exps(jaxpr):  # exp equations, nested calls included.
+            return sum((eqn.primitive.name == "exp") + sum(
+                exps(sub) for sub in jax.extend.core.jaxprs_in_params(eqn.params)) for eqn in jaxpr.eqns)
 
-        other_temperature, temperature_one = cond.params["branches"]
-        assert "exp" not in primitives(temperature_one.jaxpr)
-        assert "exp" in primitives(other_temperature.jaxpr)
+        assert exps(jaxpr.jaxpr) == 1
 
 
 def test_input_errors(llama):

@@ -3,6 +3,8 @@
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import warnings
 from typing import NamedTuple
 
@@ -188,6 +190,36 @@ def test_old_steps_go_through_trash_and_leftovers_are_purged(tmp_path):
     again.close()
 
 
+@pytest.fixture
+def python_sigint():
+    """SIGINT raises KeyboardInterrupt during the test, whatever the process inherited.
+
+    A process started with SIGINT ignored (a background job of a non-interactive shell:
+    ``make test &``, nohup, many CI runners) keeps it ignored, and Python then installs no
+    KeyboardInterrupt handler; a held SIGINT is delivered to the ignoring handler and
+    nothing is raised. That, not another test, is why these tests failed in some full-suite
+    runs and passed alone (``test_sigint_tests_pass_in_a_process_that_ignores_sigint``).
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_sigint_tests_pass_in_a_process_that_ignores_sigint():
+    """The SIGINT tests below in a pytest that starts with SIGINT ignored (as under ``&``)."""
+    args = ["-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-n", "0", __file__,
+            "-k", "sigint_during_save or second_sigint"]
+    script = ("import signal, sys, pytest; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+              f"sys.exit(pytest.main({args!r}))")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, cwd=os.path.dirname(__file__))
+    assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
 def _signal_during_save(ckpt: Checkpointer, *signums: int) -> None:
     """Makes the manager's save send the signals to this process before it writes."""
     save = ckpt._manager.save
@@ -200,11 +232,7 @@ def _signal_during_save(ckpt: Checkpointer, *signums: int) -> None:
     ckpt._manager.save = save_with_signals
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "Passes alone and with the slow or the non-slow half of the suite, but not in the whole suite under "
-    "xdist: the held SIGINT is recorded and the KeyboardInterrupt never comes. Unresolved; "
-    "tests/experiments/test_interrupt.py checks SIGINT/SIGTERM end to end in a real process."))
-def test_sigint_during_save_is_delivered_after_the_step_is_complete(tmp_path):
+def test_sigint_during_save_is_delivered_after_the_step_is_complete(tmp_path, python_sigint):
     ckpt = _saved(tmp_path, steps=(1,))
     _signal_during_save(ckpt, signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):
@@ -245,11 +273,7 @@ def test_sigterm_handler_runs_once_after_save(tmp_path):
         signal.signal(signal.SIGTERM, previous)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "Passes alone and with the slow or the non-slow half of the suite, but not in the whole suite under "
-    "xdist: the held SIGINT is recorded and the KeyboardInterrupt never comes. Unresolved; "
-    "tests/experiments/test_interrupt.py checks SIGINT/SIGTERM end to end in a real process."))
-def test_second_sigint_aborts_and_leaves_no_torn_step(tmp_path):
+def test_second_sigint_aborts_and_leaves_no_torn_step(tmp_path, python_sigint):
     ckpt = _saved(tmp_path, steps=(1,))
     _signal_during_save(ckpt, signal.SIGINT, signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):

@@ -87,3 +87,16 @@ def test_duration(seconds, text):
 def test_bad_intervals_are_rejected():
     with pytest.raises(ValueError, match="every_steps"):
         ProgressBar(5, every_steps=0, file=io.StringIO())
+
+
+def test_evaluation_progress_in_a_log_file_is_plain_lines_of_chunks():
+    """experiments.evaluate's progress without a terminal: no carriage-return frames."""
+    stream, clock = io.StringIO(), FakeClock()
+    bar = ProgressBar(3, desc="final", unit="chunk", file=stream, every_steps=1, clock=clock)
+    for _ in range(3):
+        clock.now += 2.0
+        bar.update({})
+    bar.close()
+    text = stream.getvalue()
+    assert "\r" not in text and text.splitlines()[-1].startswith("final chunk 3/3 (100%) | 0.5 chunk/s")
+    assert "tok/s" not in text

@@ -293,3 +293,49 @@ def test_a_hook_is_called_at_every_point_and_its_state_resumes(tmp_path):
     rows = resumed.run()
     resumed.close()
     assert [r["step"] for r in rows] == [2] and rows[0]["recorder/seen"] == 16.0  # 8 restored + 8
+
+
+@pytest.mark.parametrize("detach_behaviour", [False, True])
+def test_sampler_logprobs_are_the_trainers_at_temperature_below_one(tmp_path, detach_behaviour):
+    """At T = 0.7 the sampler records log softmax(z / T), what the trainer scores: before the
+    first update (the learning rate does not enter) the logged gap and, with the sampler's
+    log-probs as the reference (no reference forward, no KL in the loss), the logged KL are
+    float noise. With the untempered log-probs both were ~0.1 nats."""
+    rl = RLConfig(steps=1, prompts_per_step=2, samples_per_prompt=4, max_new_tokens=4, temperature=0.7,
+                  log_reference_kl=False, verifier=VerifierConfig(workers=0), seed=1)
+    trainer = lib.make_trainer(tmp_path, TOKENIZER, ITEMS, rl=rl,
+                               loss=LossConfig(detach_behaviour=detach_behaviour),
+                               optim=OptimConfig(learning_rate=1e-12), tracker=_tracker())
+    (row,) = trainer.run()
+    trainer.close()
+    assert abs(row["kl"]) < 1e-5, row["kl"]
+    if not detach_behaviour:
+        assert abs(row["logp_gap_sampler_trainer"]) < 1e-5 and row["logp_gap_abs_max"] < 1e-4, row
+
+
+def test_a_resumed_run_says_from_which_step(tmp_path):
+    rl = RLConfig(steps=2, prompts_per_step=2, samples_per_prompt=2, max_new_tokens=2, num_minibatches=1,
+                  verifier=VerifierConfig(workers=0), checkpoint_every=1)
+    first = lib.make_trainer(tmp_path, TOKENIZER, ITEMS, rl=rl, tracker=_tracker())
+    lines = []
+    first.log = lines.append
+    first.run(stop_after=1)
+    first.close()
+    assert lines == []  # a fresh start says nothing
+    resumed = lib.make_trainer(tmp_path, TOKENIZER, ITEMS, rl=rl, tracker=_tracker())
+    resumed.log = lines.append
+    assert [row["step"] for row in resumed.run()] == [2]
+    resumed.close()
+    assert lines == [f"[rl] resuming after step 1 of 2 from {tmp_path / 'checkpoints'}"], lines
+
+
+def test_evaluation_progress_without_a_terminal_has_no_carriage_returns(capsys):
+    from jaxrl_vr.train.evaluate import eval_layout, evaluate_policy
+
+    items = ITEMS[:4]
+    result = evaluate_policy(lib.tiny_decoder(TOKENIZER.vocab_size), TOKENIZER, items, num_samples=2,
+                             max_new_tokens=2, key=jax.random.key(0), layout=eval_layout(4, 2, responses_per_call=4),
+                             progress=True, desc="final")
+    assert result.stats is not None
+    err = capsys.readouterr().err  # pytest's capture is not a TTY, like a log file
+    assert "\r" not in err and "final chunk 2/2 (100%)" in err, err
