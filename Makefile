@@ -10,7 +10,7 @@ CONFIG ?= experiments/configs/default.py
 PYTEST_ARGS ?=
 ARGS ?=
 
-.PHONY: setup run test test-fast smollm2 bench-decode bench-verifiers bench-rl-step bench-sim clean-venv
+.PHONY: setup run test test-fast smollm2 bench-decode bench-verifiers bench-rl-step bench-sim bench-multiturn clean-venv
 
 $(STAMP): setup.cfg pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ bench-sim: $(STAMP)
 
 bench-verifiers: $(STAMP)
 	$(PY) benchmarks/verifiers.py
+
+# Multi-turn rollouts on one KV cache vs single-turn of the same length vs re-prefilling each
+# turn (issue 42); the small model, and SmolLM2 where `make smollm2` fetched it. ARGS=--quick.
+bench-multiturn: $(STAMP)
+	$(PY) benchmarks/multiturn.py $(ARGS)
 
 # jaxrl_vr vs TRL on the peer GRPO workload, fp32 and bf16, back to back; prints the ratios.
 # The peer venv (torch CPU + trl) and the SmolLM2 safetensors directory are built on first use.
