@@ -3,8 +3,10 @@
 An episode batch runs as three jitted programs over one `Session` (cache, last logits,
 per-row position):
 
-* `start`: prefills each prompt once into a cache of `capacity` slots and broadcasts it to
-  the prompt's G rows (as `generate` does).
+* `start`: prefills each prompt once and broadcasts its cache to the prompt's G rows (as
+  `generate` does). The cache then grows with the conversation (`GROW_SLOTS` at a time, up
+  to `capacity`), so a decode step reads the slots written so far, as `generate`'s
+  segments do.
 * `decode_turn`: samples one turn per live row until it emits a stop token (EOS), ends with
   a stop sequence (for example the end of a tool call, any of its tokenizations), or reaches
   the turn's token cap. Every sampled token, the stop token included, is written to the
@@ -19,7 +21,7 @@ per-row position):
 The cache index is shared by the batch, so a row that stops early in a turn leaves invalid
 slots (holes) up to the turn's longest row; attention masks them, and positions count real
 tokens only, so the trainer, which sees the conversation without holes, scores the same
-positions. The cache never grows: `capacity` bounds prompt + every turn + every observation.
+positions. `capacity` bounds prompt + every turn + every observation.
 
 Log-probabilities are the sampler's contract (`sampling.sampler`): log π of each sampled
 token as `sample_token_and_logprob` computes it.
@@ -47,18 +49,26 @@ STOP_CAP, STOP_TOKEN, STOP_SEQUENCE = 0, 1, 2
 TRACE_COUNTS: dict[str, int] = {"start": 0, "decode_turn": 0, "append": 0}
 
 
+GROW_SLOTS = 64
+"""The cache grows in steps of this many slots (each size is one more compiled program)."""
+
+
 class Session(NamedTuple):
     """Device state of a batch of conversations between calls.
 
     Attributes:
-      cache: the KV cache (`capacity` slots; `cache.index` = next slot).
+      cache: the KV cache (`cache.index` = next slot). It holds the conversation so far and
+        grows by `GROW_SLOTS` when a turn or an observation needs room, so a decode step
+        reads only the slots written so far (plus the turn's own), not the whole capacity.
       logits_bv: float32 [B, V] logits for each row's next token.
       pos_b: int32 [B] each row's next position (= its real tokens so far).
+      capacity: int32 scalar, the most slots the cache may grow to.
     """
 
     cache: KVCache
     logits_bv: jax.Array
     pos_b: jax.Array
+    capacity: jax.Array
 
 
 class Turn(NamedTuple):
@@ -97,25 +107,42 @@ def _model(graphdef, state):
     return model, model.layers.unstacked()
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "num_samples", "capacity", "cache_dtype"))
-def _start_core(graphdef, state, tokens_ps, mask_ps, *, num_samples: int, capacity: int, cache_dtype: str):
+@functools.partial(jax.jit, static_argnames=("graphdef", "num_samples", "slots", "cache_dtype"))
+def _start_core(graphdef, state, tokens_ps, mask_ps, capacity, *, num_samples: int, slots: int, cache_dtype: str):
     TRACE_COUNTS["start"] += 1
     model, layer_params = _model(graphdef, state)
-    logits_pv, cache = _prefill(model, layer_params, tokens_ps, mask_ps, capacity, cache_dtype)
+    logits_pv, cache = _prefill(model, layer_params, tokens_ps, mask_ps, slots, cache_dtype)
     repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731  Prompt-major.
     cache = cache._replace(keys_bkem=tuple(repeat(k) for k in cache.keys_bkem),
                            values_bkme=tuple(repeat(v) for v in cache.values_bkme),
                            valid_bm=repeat(cache.valid_bm))
     pos_b = repeat(jnp.sum(mask_ps, axis=1, dtype=jnp.int32))
-    return Session(cache, repeat(logits_pv).astype(jnp.float32), pos_b)
+    return Session(cache, repeat(logits_pv).astype(jnp.float32), pos_b, capacity)
+
+
+@functools.partial(jax.jit, static_argnames=("slots",), donate_argnames=("session",))
+def _grow_core(session: Session, *, slots: int) -> Session:
+    return session._replace(cache=session.cache.grown(slots))
+
+
+def _with_room(session: Session, needed: int, what: str) -> Session:
+    """The session with at least ``needed`` cache slots (grown by GROW_SLOTS steps)."""
+    slots, capacity = session.cache.valid_bm.shape[1], int(session.capacity)
+    if needed > capacity:
+        raise ValueError(f"{what} needs {needed} cache slots but the session's capacity is {capacity}; start it "
+                         "with a larger capacity.")
+    if needed <= slots:
+        return session
+    return _grow_core(session, slots=min(round_up(needed, GROW_SLOTS), max(capacity, needed)))
 
 
 def start(model: Decoder, prompt_tokens_ps, prompt_mask_ps, *, num_samples: int, capacity: int,
           cache_dtype: str | None = None) -> Session:
-    """Prefills left-padded prompts [P, S] into a `capacity`-slot cache, G rows each.
+    """Prefills left-padded prompts [P, S] into a cache for G rows each.
 
-    `capacity` must hold S plus every token the turns and observations may add; it is
-    rounded up to a multiple of 16 (one compiled program per bucket).
+    `capacity` bounds the slots the cache may grow to: S plus every token the turns and
+    observations may add (rounded up to a multiple of 16). The KV-cache dtype is chosen
+    for `capacity` and kept as the cache grows.
     """
     tokens_ps = np.asarray(prompt_tokens_ps, np.int32)
     mask_ps = np.asarray(prompt_mask_ps, bool)
@@ -129,8 +156,9 @@ def start(model: Decoder, prompt_tokens_ps, prompt_mask_ps, *, num_samples: int,
     if cache_dtype is None:
         cache_dtype = default_cache_dtype(model.config, capacity, jax.default_backend()).name
     graphdef, state = nnx.split(model)
-    return _start_core(graphdef, state, tokens_ps, mask_ps, num_samples=int(num_samples), capacity=capacity,
-                       cache_dtype=cache_dtype)
+    slots = min(round_up(tokens_ps.shape[1] + 1, GROW_SLOTS), capacity)
+    return _start_core(graphdef, state, tokens_ps, mask_ps, np.int32(capacity), num_samples=int(num_samples),
+                       slots=slots, cache_dtype=cache_dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "width", "greedy", "use_filter"),
@@ -173,7 +201,7 @@ def _decode_core(graphdef, state, session: Session, key, live_b, max_tokens, tem
                                               mask_bt=active_b[:, None], last_only=True,
                                               layer_params=layer_params)
         logits_bv = jnp.where(active_b[:, None], logits_b1v[:, 0].astype(jnp.float32), s.logits_bv)
-        session = Session(cache, logits_bv, s.pos_b + active_b.astype(jnp.int32))
+        session = Session(cache, logits_bv, s.pos_b + active_b.astype(jnp.int32), s.capacity)
         return Carry(c.step + 1, session, active_b & ~hit_token_b & ~hit_seq_b, stop_b, tail_bl,
                      c.tokens_bw.at[:, c.step].set(token_b),
                      c.logp_bw.at[:, c.step].set(jnp.where(active_b, logp_b, 0.0)),
@@ -199,11 +227,8 @@ def decode_turn(key, model: Decoder, session: Session, live_b, *, max_tokens: in
       stop_sequences: `encode_stop_sequences` output; a row whose last tokens equal one ends
         its turn (for example at the end of a tool call).
     """
-    slots = session.cache.valid_bm.shape[1]
     width = round_up(max(int(max_tokens), 1), bucket)
-    if int(session.cache.index) + int(max_tokens) > slots:
-        raise ValueError(f"a turn of {max_tokens} tokens from slot {int(session.cache.index)} overflows the "
-                         f"{slots}-slot cache; start the session with a larger capacity.")
+    session = _with_room(session, int(session.cache.index) + int(max_tokens), f"a turn of {max_tokens} tokens")
     if not greedy and not temperature > 0:
         raise ValueError(f"temperature={temperature} must be > 0 (use greedy=True for argmax decoding).")
     stop_ids = np.asarray(list(stop_token_ids) or [-1], np.int32)
@@ -224,7 +249,7 @@ def _append_core(graphdef, state, session: Session, tokens_bc, mask_bc):
                                           last_only=True, layer_params=layer_params)
     has_b = jnp.any(mask_bc, axis=1)
     logits_bv = jnp.where(has_b[:, None], logits_b1v[:, 0].astype(jnp.float32), session.logits_bv)
-    return Session(cache, logits_bv, session.pos_b + jnp.sum(mask_bc, axis=1, dtype=jnp.int32))
+    return Session(cache, logits_bv, session.pos_b + jnp.sum(mask_bc, axis=1, dtype=jnp.int32), session.capacity)
 
 
 def append(model: Decoder, session: Session, chunks: Sequence[Sequence[int]], *, pad_id: int = 0,
@@ -239,10 +264,7 @@ def append(model: Decoder, session: Session, chunks: Sequence[Sequence[int]], *,
         raise ValueError(f"{len(chunks)} chunks for a batch of {batch} rows.")
     longest = max([len(c) for c in chunks] + [1])
     width = round_up(longest, bucket)
-    slots = session.cache.valid_bm.shape[1]
-    if int(session.cache.index) + width > slots:
-        raise ValueError(f"appending {width} slots at slot {int(session.cache.index)} overflows the {slots}-slot "
-                         "cache; start the session with a larger capacity.")
+    session = _with_room(session, int(session.cache.index) + width, f"appending {width} slots")
     tokens = np.full((batch, width), pad_id, np.int32)
     mask = np.zeros((batch, width), bool)
     for b, ids in enumerate(chunks):

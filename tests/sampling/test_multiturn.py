@@ -79,7 +79,7 @@ def test_cap_and_overflow(model):
     session, turn = mt.decode_turn(jax.random.key(0), model, session, np.ones(2, bool), max_tokens=4,
                                    stop_token_ids=(-1,))
     assert np.asarray(turn.mask_bw).sum(1).tolist() == [4, 4] and np.asarray(turn.stop_b).tolist() == [0, 0]
-    with pytest.raises(ValueError, match="overflows"):
+    with pytest.raises(ValueError, match="capacity is 16"):
         mt.append(model, session, [[3] * 20, []])
 
 
@@ -111,3 +111,21 @@ def test_turns_do_not_recompile(model):
             session = mt.append(model, session, [[3] * (turn + 1)] * 4)
         counts.append(dict(mt.TRACE_COUNTS))
     assert counts[0] == counts[1]
+
+
+def test_the_cache_grows_with_the_conversation_up_to_its_capacity(model):
+    tokens_ps, mask_ps = prompts()
+    session = mt.start(model, tokens_ps, mask_ps, num_samples=1, capacity=200)
+    assert session.cache.valid_bm.shape[1] == mt.GROW_SLOTS  # the prompt and a first turn's room
+    session, _ = mt.decode_turn(jax.random.key(0), model, session, np.ones(2, bool), max_tokens=60,
+                                stop_token_ids=(-1,))
+    assert session.cache.valid_bm.shape[1] == 2 * mt.GROW_SLOTS and int(session.cache.index) == 5 + 60
+    session = mt.append(model, session, [[3] * 40, [4]])
+    assert session.cache.valid_bm.shape[1] == 2 * mt.GROW_SLOTS
+    session = mt.append(model, session, [[3] * 40, []])
+    assert session.cache.valid_bm.shape[1] == 3 * mt.GROW_SLOTS and int(session.cache.index) == 161
+    session, _ = mt.decode_turn(jax.random.key(1), model, session, np.ones(2, bool), max_tokens=36,
+                                stop_token_ids=(-1,))
+    assert session.cache.valid_bm.shape[1] == 208  # capped at the capacity (200, rounded up to 16)
+    with pytest.raises(ValueError, match="capacity is 208"):
+        mt.append(model, session, [[3], []])
