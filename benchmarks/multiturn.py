@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import sys
 import time
@@ -55,15 +54,6 @@ OBS_ID = 7  # every observation token (a fixed id; EOS is suppressed anyway)
 # (P, G, T, K, O): T = K * M + (K - 1) * O with M an integer.
 CONFIGS = [(8, 4, 128, 2, 16), (8, 4, 256, 4, 16), (8, 4, 256, 4, 32), (8, 8, 256, 4, 16), (8, 4, 256, 8, 16)]
 QUICK_CONFIGS = [(8, 4, 128, 2, 16), (8, 4, 256, 4, 16)]
-
-
-def cpu_flags() -> dict:
-    text = host_cpu.read_cpuinfo()
-    if not text:
-        return {}
-    flags = set(re.findall(r"\b(avx2|avx512f|avx512_bf16|amx_bf16|amx_tile)\b", text))
-    return {"flags": sorted(flags), "model": host_cpu.cpuinfo_field(text, "model name") or "", "cores": os.cpu_count(),
-            "bf16_dot_units": host_cpu.bf16_dot_units(text)}
 
 
 def load_model(name: str):
@@ -235,7 +225,7 @@ def main(argv=None) -> dict:
            "jax": jax.__version__, "backend": jax.default_backend(),
            "keep_host_memory": bool(host_memory and host_memory.kept), "rounds": rounds, "quick": args.quick,
            "load_1m_start": os.getloadavg()[0], "rows": [], "skipped": []}
-    cpu = cpu_flags()
+    cpu = host_cpu.summary()
     print(f"cpu: {cpu.get('model')} {cpu.get('flags')}; load {run['load_1m_start']:.2f}", flush=True)
     for name in args.models.split(","):
         model = load_model(name)

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import resource
 import subprocess
 import sys
@@ -53,15 +52,6 @@ sys.path.insert(0, REPO)
 
 from jaxrl_vr import host_cpu  # noqa: E402
 from jaxrl_vr.host_memory import KEEP_HOST_MEMORY_TUNABLES  # noqa: E402
-
-
-def cpu_flags() -> dict:
-    text = host_cpu.read_cpuinfo()
-    if not text:
-        return {}
-    flags = set(re.findall(r"\b(avx2|avx512f|avx512_bf16|amx_bf16|amx_tile)\b", text))
-    return {"flags": sorted(flags), "model": host_cpu.cpuinfo_field(text, "model name") or "", "cores": os.cpu_count(),
-            "bf16_dot_units": host_cpu.bf16_dot_units(text)}
 
 
 # Issue 12's targets, each a (ratio name, "max" | "min", bound). The RSS bound is in the
@@ -275,7 +265,7 @@ def main(argv=None) -> dict:
     run([trl_python, os.path.join(args.peers_dir, "prompts.py"), "--model", model_dir, "--out", prompts,
          "-W", str(args.warmup), "-N", str(args.steps)], os.path.join(work, "prompts.log"))
 
-    results = {"cpu": cpu_flags(), "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds,
+    results = {"cpu": host_cpu.summary(), "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds,
                "trl_micro_batch": args.trl_micro_batch, "trl_omp_wait_policy": args.trl_omp_wait_policy,
                "trl_malloc": args.trl_malloc,
                # Inherited by both peers' processes.

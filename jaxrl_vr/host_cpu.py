@@ -14,6 +14,7 @@ x86 CPUs with bf16 dot instructions list ``avx512_bf16`` or ``amx_bf16`` in /pro
 
 from __future__ import annotations
 
+import os
 import re
 
 X86_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -69,3 +70,14 @@ def mixed_precision_advice(compute_dtype: str | None, *, backend: str, cpuinfo: 
             "mixed precision runs slower than float32 here (AVX2 EPYC: 47 against 72 GFLOP/s). "
             "Leave model.compute_dtype empty for float32 on this machine; keep bfloat16 for "
             "GPUs, TPUs and CPUs with AVX512-BF16 or AMX.")
+
+
+def summary() -> dict:
+    """The CPU as benchmark results name it: model, the instruction sets that matter here
+    (avx2, avx512f, avx512_bf16, amx_bf16, amx_tile), cores, bf16 dot units ({} off Linux)."""
+    text = read_cpuinfo()
+    if not text:
+        return {}
+    flags = set(re.findall(r"\b(avx2|avx512f|avx512_bf16|amx_bf16|amx_tile)\b", text))
+    return {"flags": sorted(flags), "model": cpuinfo_field(text, "model name") or "", "cores": os.cpu_count(),
+            "bf16_dot_units": bf16_dot_units(text)}

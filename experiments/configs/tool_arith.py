@@ -5,8 +5,9 @@
 
 An episode: "47*86=" → the model writes "[47*86]" (a call of the Python tool, which ends
 its turn), the environment answers "{4042}", the model writes "4042" and EOS. The
-supervised base calls the tool in 30 % of its demonstrations and answers in its head in
-the rest, so it often guesses; RL should move it to the tool. Variants: "" (minutes on 2
+supervised base calls the tool in 30 % of its demonstrations (a quarter of those calls
+malformed: "[47x86]") and answers in its head in the rest, so it often guesses; RL should
+move it to well-formed calls. Variants: "" (minutes on 2
 CPU cores) and "smoke" (seconds, used by tests).
 """
 
@@ -34,7 +35,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
         max_new_tokens=32,  # call + output + answer, every token after the prompt
         num_minibatches=2, checkpoint_every=20)
     c.optim = dict(learning_rate=5e-4, warmup_steps=5, b2=0.99)
-    c.eval = dict(num_samples=32, base_calibration_samples=64)  # every call runs a sandboxed process
+    c.eval = dict(num_samples=16, base_calibration_samples=32)  # every call runs a sandboxed process
     c.run = dict(dump_rollouts=4)
     if variant == "smoke":
         c.task.update(num_train=64, num_eval=8, num_sft_examples=256)

@@ -13,8 +13,9 @@ Levels (difficulty):
   3: a*b, three digits by two digits ("473*86=")
 
 The supervised warm start is deliberately imperfect: a share ``tool_share`` of its
-demonstrations call the tool (the tool's output segment is not trained on), the rest
-answer directly, so the base sometimes calls the tool and often guesses. Train and held-out
+demonstrations call the tool (the tool's output segment is not trained on), a quarter of
+those calls are malformed ("47x86", which the tool rejects), and the rest answer directly,
+so the base sometimes calls the tool, sometimes wrongly, and often guesses. Train and held-out
 items are disjoint by a stable hash of the prompt, independent of the seed.
 """
 
@@ -82,16 +83,23 @@ def make_items(seed: int, num: int, *, levels: Sequence[int] = LEVELS, split: st
 
 
 def make_sft_examples(seed: int, num: int, *, levels: Sequence[int] = LEVELS, split: str | None = "train",
-                      tool_share: float = 0.3) -> list[tuple[str, tuple[tuple[str, bool], ...]]]:
+                      tool_share: float = 0.3, malformed_share: float = 0.25
+                      ) -> list[tuple[str, tuple[tuple[str, bool], ...]]]:
     """(prompt, segments) demonstrations: a share ``tool_share`` call the tool (its output
-    is an untrained segment), the rest answer directly."""
+    is an untrained segment), the rest answer directly. A share ``malformed_share`` of the
+    calls writes "x" for "*" (the tool answers with a SyntaxError, the answer is a guess),
+    so the base also makes calls that fail."""
     rng = np.random.default_rng(np.random.SeedSequence(seed + 1))
     out = []
     for item in make_items(seed, num, levels=levels, split=split):
         expression = item.prompt[:-1]
         if rng.random() < tool_share:
-            call = f"{CALL_OPEN}{expression}{CALL_CLOSE}"
-            output = OBSERVATION_FORMAT.replace("{output}", item.answer)
+            if "*" in expression and rng.random() < malformed_share:
+                call = f"{CALL_OPEN}{expression.replace('*', 'x')}{CALL_CLOSE}"
+                output = OBSERVATION_FORMAT.replace("{output}", "SyntaxError")
+            else:
+                call = f"{CALL_OPEN}{expression}{CALL_CLOSE}"
+                output = OBSERVATION_FORMAT.replace("{output}", item.answer)
             out.append((item.prompt, ((call, True), (output, False), (item.answer, True))))
         else:
             out.append((item.prompt, ((item.answer, True),)))

@@ -16,24 +16,11 @@ from jaxrl_vr.train.config import PipelineConfig
 from jaxrl_vr.train.pipeline import report_title, run_pipeline
 from jaxrl_vr.train.sources import export_policy, make_builtin_model, make_char_tokenizer
 from jaxrl_vr.train.workdir import WorkdirError, prepare_workdir
+from test_cli_errors import _error_line, _run
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMOKE = "--config=experiments/configs/default.py:smoke"
 RG_SMOKE = "--config=experiments/configs/smollm2_rg.py:smoke"
-
-
-def _run(*args: str, module: str = "experiments.train") -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
-
-
-def _error_line(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
-    return lines[0]
 
 
 def _jsonl(path, prompts) -> str:

@@ -20,9 +20,9 @@ def get_config(arg=None):
 '''
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
+def _run(*args: str, module: str = "experiments.train") -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run([sys.executable, "-m", "experiments.train", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
 
 
