@@ -5,9 +5,8 @@
 
 An episode: "47*86=" → the model writes "[47*86]" (a call of the Python tool, which ends
 its turn), the environment answers "{4042}", the model writes "4042" and EOS. The
-supervised base calls the tool in 30 % of its demonstrations (a quarter of those calls
-malformed: "[47x86]") and answers in its head in the rest, so it often guesses; RL should
-move it to well-formed calls. Variants: "" (minutes on 2
+supervised base calls the tool in 30 % of its demonstrations and answers in its head in
+the rest, so it often guesses; RL should move it to the tool. Variants: "" (minutes on 2
 CPU cores) and "smoke" (seconds, used by tests).
 """
 

@@ -13,9 +13,11 @@ Levels (difficulty):
   3: a*b, three digits by two digits ("473*86=")
 
 The supervised warm start is deliberately imperfect: a share ``tool_share`` of its
-demonstrations call the tool (the tool's output segment is not trained on), a quarter of
-those calls are malformed ("47x86", which the tool rejects), and the rest answer directly,
-so the base sometimes calls the tool, sometimes wrongly, and often guesses. Train and held-out
+demonstrations call the tool (the tool's output segment is not trained on) and the rest
+answer directly, so the base sometimes calls the tool and often guesses.
+``malformed_share`` (default 0) makes that share of the demonstrated calls malformed
+("47x86", which the tool rejects); at 0.25 the built-in model, stopped at the same SFT
+step, learned neither to copy the tool's output nor from RL (pass@1 0.016 -> 0). Train and held-out
 items are disjoint by a stable hash of the prompt, independent of the seed.
 """
 
@@ -83,7 +85,7 @@ def make_items(seed: int, num: int, *, levels: Sequence[int] = LEVELS, split: st
 
 
 def make_sft_examples(seed: int, num: int, *, levels: Sequence[int] = LEVELS, split: str | None = "train",
-                      tool_share: float = 0.3, malformed_share: float = 0.25
+                      tool_share: float = 0.3, malformed_share: float = 0.0
                       ) -> list[tuple[str, tuple[tuple[str, bool], ...]]]:
     """(prompt, segments) demonstrations: a share ``tool_share`` call the tool (its output
     is an untrained segment), the rest answer directly. A share ``malformed_share`` of the
