@@ -17,7 +17,7 @@ demonstrations call the tool (the tool's output segment is not trained on) and t
 answer directly, so the base sometimes calls the tool and often guesses.
 ``malformed_share`` (default 0) makes that share of the demonstrated calls malformed
 ("47x86", which the tool rejects); at 0.25 the built-in model, stopped at the same SFT
-step, learned neither to copy the tool's output nor from RL (pass@1 0.016 -> 0). Train and held-out
+step, did not learn to copy the tool's output, and RL did not recover it. Train and held-out
 items are disjoint by a stable hash of the prompt, independent of the seed.
 """
 
