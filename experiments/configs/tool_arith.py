@@ -30,11 +30,11 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
         tools=("python",), max_turns=2, max_turn_tokens=12, max_observation_tokens=10)
     c.sft = dict(steps=400)
     c.rl = dict(
-        steps=40, prompts_per_step=16, samples_per_prompt=8,
+        steps=60, prompts_per_step=32, samples_per_prompt=8,
         max_new_tokens=32,  # call + output + answer, every token after the prompt
         num_minibatches=2, checkpoint_every=20)
     c.optim = dict(learning_rate=5e-4, warmup_steps=5, b2=0.99)
-    c.eval = dict(num_samples=16, base_calibration_samples=32)  # every call runs a sandboxed process
+    c.eval = dict(num_samples=32, base_calibration_samples=64)  # every call runs a sandboxed process
     c.run = dict(dump_rollouts=4)
     if variant == "smoke":
         c.task.update(num_train=64, num_eval=8, num_sft_examples=256)

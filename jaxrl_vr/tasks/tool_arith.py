@@ -96,7 +96,7 @@ def make_sft_examples(seed: int, num: int, *, levels: Sequence[int] = LEVELS, sp
     for item in make_items(seed, num, levels=levels, split=split):
         expression = item.prompt[:-1]
         if rng.random() < tool_share:
-            if "*" in expression and rng.random() < malformed_share:
+            if malformed_share > 0 and "*" in expression and rng.random() < malformed_share:
                 call = f"{CALL_OPEN}{expression.replace('*', 'x')}{CALL_CLOSE}"
                 output = OBSERVATION_FORMAT.replace("{output}", "SyntaxError")
             else:
