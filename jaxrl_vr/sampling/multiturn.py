@@ -120,7 +120,7 @@ def _start_core(graphdef, state, tokens_ps, mask_ps, capacity, *, num_samples: i
     return Session(cache, repeat(logits_pv).astype(jnp.float32), pos_b, capacity)
 
 
-@functools.partial(jax.jit, static_argnames=("slots",), donate_argnames=("session",))
+@functools.partial(jax.jit, static_argnames=("slots",))  # new shapes: nothing to donate to
 def _grow_core(session: Session, *, slots: int) -> Session:
     return session._replace(cache=session.cache.grown(slots))
 
