@@ -38,8 +38,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, REPO)
 
 from ab_step import summarize  # noqa: E402
-from jaxrl_vr import atomic  # noqa: E402
-from side_by_side import cpu_flags  # noqa: E402
+from jaxrl_vr import atomic, host_cpu  # noqa: E402
 
 WORKTREE = "worktree"
 METRICS = ("median_step_s", "median_rollout_s", "median_update_s")
@@ -121,7 +120,7 @@ def run_rl_step(tree: str, args, precision: str, json_path: str, log_path: str) 
 
 
 def build_results(args, revs: list[dict], runs: list[dict], *, complete: bool) -> dict:
-    return {"cpu": cpu_flags(), "revs": revs, "rounds": args.rounds, "complete": complete,
+    return {"cpu": host_cpu.summary(), "revs": revs, "rounds": args.rounds, "complete": complete,
             "warmup": args.warmup, "steps": args.steps, "prompts_file": args.prompts_file, "runs": runs,
             "summary": {p: compare_to_reference(runs, revs, p) for p in args.precisions}}
 

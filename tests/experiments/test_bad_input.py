@@ -154,9 +154,12 @@ def test_interrupt_during_model_load_is_one_line_and_exit_130(tmp_path, sig):
     config = tmp_path / "slow.py"
     config.write_text(_SLOW_SOURCE_CONFIG)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # SIGINT as a terminal delivers it: a pytest started with SIGINT ignored (nohup, a
+    # background job, some CI runners) would pass the ignore on, and the CLI keeps it.
     proc = subprocess.Popen([sys.executable, "-m", "experiments.train", f"--config={config}",
                              f"--workdir={tmp_path / 'run'}"], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     for line in proc.stdout:  # the lines before the model source's own
         if line.strip() == "loading the model":
             break
