@@ -238,8 +238,7 @@ def main(argv=None) -> dict:
     # registry and batch builder (jaxrl_vr.train.parts, rollout, estimators, batch).
     fns = make_update_fns(graphdef, OPTIM, loss_cfg)
     estimator = make_estimator("grpo")
-    sampling = SamplingConfig(args.max_new_tokens, temperature=1.0, stop_token_ids=(),
-                              pad_id=tokenizer.pad_id or 0)
+    sampling = SamplingConfig(temperature=1.0)
     hyper = StepHyper.create()
     runner = single_turn_runner(tokenizer, args.max_new_tokens, eos_ids=())  # EOS suppressed
     key = jax.random.key(0)

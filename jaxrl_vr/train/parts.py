@@ -109,8 +109,7 @@ def build_parts(cfg: PipelineConfig, model, tokenizer, items: Sequence[Any], wor
                           max_tool_calls=rewards.max_tool_calls),
         shape_rewards=RewardShaper(max_len=rl.max_new_tokens, overlong_cache_len=rewards.overlong_cache_len,
                                    overlong_coef=rewards.overlong_coef, hack_coef=rewards.hack_coef),
-        sampling=SamplingConfig(rl.max_new_tokens, rl.temperature, rl.top_p, rl.top_k,
-                                (tokenizer.eos_id,), tokenizer.pad_id or 0),
+        sampling=SamplingConfig(rl.temperature, rl.top_p, rl.top_k),
         min_prompts=rl.prompts_per_step, episodes=episodes, items=items,
         on_episodes=None if dump is None else dump.record)
     all_hooks = (tracker, strategy, *methods, monitor, *((dump,) if dump is not None else ()))

@@ -73,10 +73,15 @@ def encode_prompts(
             f"a prompt has {longest} tokens but the prompt width is {width}; raise "
             "the width (it is fixed so shapes never change)."
         )
-    tokens = np.full((len(rows), width), tokenizer.pad_id or 0, np.int32)
+    return left_pad(rows, width, tokenizer.pad_id or 0)
+
+
+def left_pad(rows: Sequence[Sequence[int]], width: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """int32 [N, width] ids right-aligned (left-padded with ``pad_id``) and their bool mask."""
+    tokens = np.full((len(rows), width), pad_id, np.int32)
     mask = np.zeros((len(rows), width), bool)
     for i, ids in enumerate(rows):
-        if ids:
+        if len(ids):
             tokens[i, width - len(ids):] = ids
             mask[i, width - len(ids):] = True
     return tokens, mask
@@ -136,11 +141,7 @@ def encode_episode_prompts(runner: EpisodeRunner, items: Sequence, width: int | 
     width = longest if width is None else width
     if longest > width:
         raise ValueError(f"a prompt has {longest} tokens but the prompt width is {width}.")
-    tokens = np.full((len(rows), width), runner.pad_id, np.int32)
-    mask = np.zeros((len(rows), width), bool)
-    for i, ids in enumerate(rows):
-        tokens[i, width - len(ids):], mask[i, width - len(ids):] = ids, True
-    return tokens, mask
+    return left_pad(rows, width, runner.pad_id)
 
 
 class RolloutDump(Hook):
@@ -308,14 +309,12 @@ class RewardShaper:
 
 
 class SamplingConfig(NamedTuple):
-    """How rounds are sampled (``jaxrl_vr.sampling.generate``'s arguments)."""
+    """How tokens are drawn in a round (the token bounds, stop ids and padding belong to the
+    `EpisodeRunner`)."""
 
-    max_new_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    stop_token_ids: tuple = ()
-    pad_id: int = 0
 
 
 class RoundSampler:

@@ -47,7 +47,7 @@ def test_a_broken_environment_ends_the_episode_scores_zero_and_is_logged(how, me
     sampler = RoundSampler(
         tokens, mask, score=RoundScorer([ITEM], TOKENIZER, pool_lib.score_serial,
                                         on_result=lambda items, texts, result: logged.append(result)),
-        shape_rewards=RewardShaper(max_len=48), sampling=SamplingConfig(48), min_prompts=1,
+        shape_rewards=RewardShaper(max_len=48), sampling=SamplingConfig(), min_prompts=1,
         episodes=episodes, items=[ITEM])
     traj = sampler.sample(None, jax.random.key(0), np.array([0]), 1)
     episodes.close()

@@ -31,7 +31,7 @@ def sample(hack_coef=0.0, script=SCRIPT, on_result=None):
     sampler = RoundSampler(
         tokens, mask, score=RoundScorer(ITEMS, episodes.renderer.tokenizer, pool_lib.score_serial,
                                         hack_detectors=DETECTORS, on_result=on_result, max_tool_calls=4),
-        shape_rewards=RewardShaper(max_len=48, hack_coef=hack_coef), sampling=SamplingConfig(48),
+        shape_rewards=RewardShaper(max_len=48, hack_coef=hack_coef), sampling=SamplingConfig(),
         min_prompts=1, episodes=episodes, items=ITEMS)
     traj = sampler.sample(None, jax.random.key(0), np.array([0]), len(script))
     episodes.close()
