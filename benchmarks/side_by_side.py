@@ -110,7 +110,7 @@ def trl_micro_batches(text: str) -> list[int]:
 
 
 # glibc malloc settings for TRL (`--trl-malloc`): GLIBC_TUNABLES added to its environment.
-# "keep" is `jaxrl_vr.host_memory.keep_host_memory`'s policy (no mmap, no trim): freed memory
+# "keep" is `jaxrl_vr.host_memory.keep_host_memory`'s policy (no mmap, no trim, one arena): freed memory
 # stays in the heap for the next step.
 TRL_MALLOC = {"default": "", "keep": KEEP_HOST_MEMORY_TUNABLES}
 

@@ -15,6 +15,10 @@ update when a rollout ran between updates, against ~2 s back to back (docs/perfo
   heaps of at most 64 MB, so it falls back to ``mmap`` for anything bigger.
 - The main arena never ``mmap``\\ s a block (``M_MMAP_MAX = 0``) and never trims its top
   (``M_TRIM_THRESHOLD = SIZE_MAX``), so freed memory is reused by the next step.
+- Every thread allocates from that one arena (``M_ARENA_MAX = 1``), so what one thread frees
+  serves the next. Orbax's writer threads otherwise kept each checkpoint's buffers in arenas
+  of their own: +150 to +330 MB of RSS per save of the SmolLM2-135M train state, +800 MB
+  after four (one arena: +300 MB at the first save, nothing after).
 
 What it costs: the resident set never shrinks below its high-water mark while the process
 lives. The peak rises a little, because a freed block cannot always serve a request of another
@@ -45,13 +49,15 @@ import jax
 # mallopt parameter numbers (glibc malloc.h).
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
+M_ARENA_MAX = -8
 _GLIBC_DEFAULT_MMAP_MAX = 65536
 _NEVER = -1  # mallopt takes an int; glibc widens -1 to SIZE_MAX for the trim threshold
 
 # The same malloc policy as GLIBC_TUNABLES, for a process that cannot call keep_host_memory
 # (another framework's benchmark run, or one started with the variable exported): no mmap, a
 # trim threshold of 2**62 (in effect never; the tunable takes a number, not -1).
-KEEP_HOST_MEMORY_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4611686018427387904"
+KEEP_HOST_MEMORY_TUNABLES = ("glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4611686018427387904"
+                             ":glibc.malloc.arena_max=1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,8 +111,9 @@ def keep_host_memory() -> HostMemoryPolicy:
     if libc.mallopt(M_TRIM_THRESHOLD, _NEVER) != 1:
         libc.mallopt(M_MMAP_MAX, _GLIBC_DEFAULT_MMAP_MAX)  # all or nothing
         return HostMemoryPolicy(False, "glibc mallopt refused M_TRIM_THRESHOLD; nothing changed")
+    libc.mallopt(M_ARENA_MAX, 1)  # threads created from now on share the main arena
     jax.config.update("jax_cpu_enable_async_dispatch", False)
-    return HostMemoryPolicy(True, "inline CPU dispatch; glibc keeps freed memory (no mmap, no trim)")
+    return HostMemoryPolicy(True, "inline CPU dispatch; glibc keeps freed memory (no mmap, no trim, one arena)")
 
 
 CPU_MEMORY_SCHEDULE_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"

@@ -273,3 +273,53 @@ def test_keep_host_memory_tunables_take_effect_in_another_process():
     assert default["mmapped_blocks"] >= 1 and default["heap_after_free_mb"] < 64, default
     kept = _malloc_probe(host_memory.KEEP_HOST_MEMORY_TUNABLES)
     assert kept["mmapped_blocks"] == 0 and kept["heap_after_free_mb"] >= 64, kept
+
+
+# Four threads at once each malloc, touch and free 4 × 32 MB; then the main thread mallocs and
+# touches 16 × 32 MB. With one arena the main thread gets the threads' freed blocks back (few
+# faults); with an arena per thread (glibc's default) it faults every page in afresh.
+ARENA_PROBE = textwrap.dedent("""
+    import ctypes, json, resource, sys, threading
+    from jaxrl_vr.host_memory import keep_host_memory
+    policy = keep_host_memory() if sys.argv[1] == "keep" else None
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+    BLOCK = 32 << 20
+    barrier = threading.Barrier(4)
+    def worker():
+        blocks = [libc.malloc(BLOCK) for _ in range(4)]
+        for b in blocks:
+            libc.memset(b, 1, BLOCK)
+        barrier.wait()  # all four hold their blocks at once
+        for b in blocks:
+            libc.free(b)
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    blocks = [libc.malloc(BLOCK) for _ in range(16)]
+    for b in blocks:
+        libc.memset(b, 2, BLOCK)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    print(json.dumps({"kept": bool(policy and policy.kept), "faults": faults}))
+""")
+
+
+@pytest.mark.skipif(host_memory._glibc() is None, reason="glibc malloc only")
+@pytest.mark.skipif(_thp_always(), reason="transparent huge pages always on: fault counts cannot tell reuse")
+def test_kept_memory_freed_by_one_thread_serves_another():
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "GLIBC_TUNABLES", "MALLOC_ARENA_MAX")}
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+
+    def probe(mode):
+        proc = subprocess.run([sys.executable, "-c", ARENA_PROBE, mode], capture_output=True, text=True,
+                              env=env, timeout=120, check=True)
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    pages = 16 * (32 << 20) // resource.getpagesize()
+    kept = probe("keep")
+    assert kept["kept"]
+    assert kept["faults"] < 0.1 * pages, kept  # the threads' 512 MB came back to the main thread
+    assert probe("default")["faults"] > 0.5 * pages  # an arena per thread: fresh pages

@@ -56,4 +56,5 @@ def get_config(variant: str | None = None):
         c.loss.num_microbatches = 1
         c.eval.update(num_samples=2, prompts_per_chunk=2, max_new_tokens=16)
         c.run = dict(progress=False, export=False)
+        c.model.remat = True  # HumanEval prompts are long: recompute layers, peak RSS < 4 GiB
     return c

@@ -295,6 +295,9 @@ class ModelConfig:
         "" = same as dtype.
       chat: wrap prompts in the tokenizer's chat template.
       system_prompt: system message for chat prompts (None = the template's default).
+      remat: recompute each layer's activations in the backward pass (``jax.checkpoint``):
+        the update keeps one layer's inputs instead of every intermediate, for about a
+        third more update time. For long prompts and responses on a small machine.
       hidden_size ... head_dim: architecture of the builtin decoder.
     """
 
@@ -304,6 +307,7 @@ class ModelConfig:
     compute_dtype: str = ""
     chat: bool = False
     system_prompt: str | None = None
+    remat: bool = False
     hidden_size: int = 96
     intermediate_size: int = 192
     num_layers: int = 2

@@ -17,6 +17,7 @@ from typing import Callable, NamedTuple
 import jax
 from flax import nnx
 
+from jaxrl_vr.host_memory import release_free_heap
 from jaxrl_vr.train.budget import Budget
 from jaxrl_vr.train.metrics import MetricsWriter, ProgressBar, rollout_metrics
 from jaxrl_vr.train.parts import Parts
@@ -43,6 +44,7 @@ class RLTrainer:
                  log: Callable[[str], None] = print):
         self.parts, self.state, self.log = parts, parts.initial_state, log
         self.budget = Budget(calibration_tokens=float(calibration_tokens))
+        self._released_after_first_rollout = False
 
     def model(self):
         """The current policy as an nnx Module."""
@@ -98,6 +100,12 @@ class RLTrainer:
         """One RL step; returns its metrics row."""
         p, t_start = self.parts, time.perf_counter()
         batch, sampled, logprob_s = self.collect(step)
+        if not self._released_after_first_rollout:
+            # The first rollout compiles (or loads) the sampler; what that freed is not what
+            # the update allocates, so hand it back once rather than keep it beside the update
+            # (-0.4 to -0.9 GB of peak RSS on SmolLM2-135M; later steps keep their memory).
+            release_free_heap()
+            self._released_after_first_rollout = True
         t_update = time.perf_counter()
         train, update_metrics = p.update(self.state.train, batch, step)
         t_end = time.perf_counter()

@@ -71,7 +71,8 @@ def build_parts(cfg: PipelineConfig, model, tokenizer, items: Sequence[Any], wor
       tracker: a PromptTracker over ``items`` (default: a new one).
       hooks: more hooks (``jaxrl_vr.hooks.Hook``), after the methods of the config.
       reference_params: frozen π_ref params (default: the model's own params, which the
-        trainer never changes: it trains a copy).
+        trainer never changes: it trains a copy). Kept only when the KL term is in the loss
+        or ``rl.log_reference_kl`` is set; otherwise the parts hold no base params.
       mesh: a ``jax.sharding.Mesh``: params and optimizer state are sharded over its
         ``fsdp`` (and ``tensor``) axes by ``jaxrl_vr.parallel``'s rules, minibatches over
         ``data`` × ``fsdp``.
@@ -116,7 +117,10 @@ def build_parts(cfg: PipelineConfig, model, tokenizer, items: Sequence[Any], wor
     # The update: the KL term is in the loss for β > 0 or a hook's per-prompt KL weights.
     kl_in_loss = cfg.loss.kl_beta > 0 or any(hook.sets_kl_weights for hook in all_hooks)
     update = make_update(cfg, graphdef, params, kl_in_loss=kl_in_loss, mesh=mesh)
-    reference_params = params if reference_params is None else reference_params
+    needs_reference = kl_in_loss or rl.log_reference_kl
+    # Held only when read: without it the caller can free the base model once RL starts.
+    reference_params = ((params if reference_params is None else reference_params)
+                        if needs_reference else None)
     fns, hyper = update.fns, update.hyper
 
     def logprobs_of(policy_params):
@@ -126,8 +130,7 @@ def build_parts(cfg: PipelineConfig, model, tokenizer, items: Sequence[Any], wor
         return build_batch(
             batch, update.estimator, estimator_state,
             behaviour_logprobs=None if cfg.loss.detach_behaviour else logprobs_of(policy_params),
-            reference_logprobs=(logprobs_of(reference_params)
-                                if kl_in_loss or rl.log_reference_kl else None),
+            reference_logprobs=logprobs_of(reference_params) if needs_reference else None,
             step_credit_coef_n=None if rl.step_credit is None else rl.step_credit.coef_n())
 
     def train(train_state, batch: Trajectory, step: int):

@@ -257,7 +257,7 @@ def make_builtin_model(cfg: PipelineConfig, tokenizer):
 def builtin_digest(cfg: PipelineConfig) -> str:
     """What the SFT base depends on (not the RL prompt count)."""
     model = {k: v for k, v in dataclasses.asdict(cfg.model).items()
-             if k not in ("source", "path", "chat", "system_prompt", "compute_dtype")}
+             if k not in ("source", "path", "chat", "system_prompt", "compute_dtype", "remat")}
     task = {"name": cfg.task.name, "levels": list(cfg.task.levels), "num_sft_examples": cfg.task.num_sft_examples}
     if cfg.task.name == "tool_arith":
         task["tool_share"] = cfg.task.tool_share
@@ -406,6 +406,8 @@ def load_policy(cfg: PipelineConfig, workdir: str, data: TaskData, *, log=print)
     check_chat_template(cfg, policy.tokenizer)
     if cfg.model.compute_dtype:  # bf16 matmul operands with float32 accumulation (mixed precision)
         set_compute_dtype(policy.model, cfg.model.compute_dtype)
+    if cfg.model.remat:  # recompute each layer in the backward pass (activation memory for time)
+        policy.model.remat = True
     return policy
 
 

@@ -79,3 +79,14 @@ def test_reasoning_gym_items_get_the_instruction_and_the_configured_verifier():
     assert all(it.prompt.endswith(" Box it.") and it.verifier == "math" for it in data.train)
     assert {it.meta["rg_name"] for it in data.train} == {"chain_sum", "basic_arithmetic"}
     assert not {it.uid for it in data.train} & {it.uid for it in data.heldout}
+
+
+@pytest.mark.parametrize("remat", [False, True])
+def test_model_remat_reaches_the_loaded_policy(exported, tmp_path, remat):
+    """``model.remat`` recomputes each layer in the backward pass of the loaded model."""
+    from jaxrl_vr.train.sources import load_policy
+
+    tree = _smoke_tree(model={"source": "hf", "path": exported, "remat": remat})
+    cfg = PipelineConfig.from_dict(tree)
+    policy = load_policy(cfg, str(tmp_path), load_task(cfg), log=lambda line: None)
+    assert policy.model.remat is remat
