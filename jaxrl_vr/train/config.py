@@ -228,7 +228,8 @@ class TaskConfig:
       max_observation_tokens: tokens of one observation's content (longer ones are cut).
       tool_share: tool_arith: share of the supervised demonstrations that call the tool.
       eval_seed: seed of the generated held-out set (arithmetic, tool_arith, reasoning_gym),
-        the same for every run seed; None = the run seed (each seed its own held-out set).
+        the same for every run seed; None = the run seed (each seed its own held-out set;
+        ``PipelineConfig`` stores that seed).
         Files and humaneval hold out by prompt hash or eval_path, with no seed.
       allow_eval_overlap: jsonl / parquet: train even when more than 5 %
         (``sources.MAX_EVAL_OVERLAP``) of the held-out prompts of eval_path are also in path.
@@ -399,6 +400,12 @@ class PipelineConfig:
     optim: OptimConfig = OptimConfig()
     eval: EvalConfig = EvalConfig()
     run: RunConfig = RunConfig()
+
+    def __post_init__(self):
+        # task.eval_seed=None means the run seed: stored as that seed, so config.json says
+        # which held-out set a run used, and an older workdir (``upgrade_legacy``) matches.
+        if self.task.eval_seed is None:
+            object.__setattr__(self, "task", dataclasses.replace(self.task, eval_seed=self.seed))
 
     @classmethod
     def from_dict(cls, tree: dict | None) -> "PipelineConfig":

@@ -149,3 +149,5 @@ def test_a_stored_config_from_before_eval_seed_keeps_its_seeded_held_out_set():
     assert load_config(old).task.eval_seed == 0
     new = PipelineConfig().to_dict()
     assert upgrade_legacy(new) is new
+    # None spells "the run seed" and is stored as that seed, so such a workdir matches an old one.
+    assert PipelineConfig.from_dict({"seed": 2, "task": {"eval_seed": None}}).task.eval_seed == 2
