@@ -24,6 +24,19 @@ those fractions of the token budget (``rl.budget.fractions``) and plots pass@1 /
 seed whose overrides leave ``task.*``, ``model.*``, ``sft.*`` and ``eval.*`` alone have the
 same SFT base and base evaluations; unless ``--noshare_base``, the first such arm builds
 them and the others start from a copy (the copies' digests are checked on load).
+
+Evidence. ``--collect_evidence=DIR`` also copies each run's small files (config.json,
+summary.json, metrics.jsonl, budget marks, calibration caches, the evaluations compare reads;
+``NAME.gz`` when larger than 64 KiB) to DIR/<arm>/seed<S>/, never checkpoints or models.
+``--report_only`` trains and evaluates nothing and rebuilds compare.json, compare.md and the
+plots from the per-run files under ``--root`` (runs, or such evidence) into ``--out``
+(default ``--root``); without ``--arm`` it takes the arms, seeds, baseline, contrasts, n,
+fractions and budget from ``OUT/compare.json`` (a flag given replaces its value):
+
+    python -m experiments.compare ...the study's flags... --report_only \
+      --out=experiments/results/study --collect_evidence=experiments/results/study/runs
+    python -m experiments.compare --report_only --root=experiments/results/study/runs \
+      --out=experiments/results/study
 """
 
 from __future__ import annotations
@@ -45,7 +58,6 @@ from experiments.config_files import build_config, split_override
 from jaxrl_vr import eval as eval_lib
 from jaxrl_vr import layout, passk
 from jaxrl_vr.atomic import write_text
-from jaxrl_vr.eval.plots import read_metrics_jsonl
 from jaxrl_vr.train import run_io
 from jaxrl_vr.train.config import validate
 
@@ -67,6 +79,12 @@ def define_flags() -> None:
     flags.DEFINE_multi_string("contrast", [], "A,B: also report paired differences A − B (repeatable).")
     flags.DEFINE_bool("share_base", True, "Copy a seed's SFT base and base evaluations between arms.")
     flags.DEFINE_bool("dry_run", False, "Print the commands and exit.")
+    flags.DEFINE_bool("report_only", False, "Train and evaluate nothing: rebuild the table and plots from the "
+                      "per-run files under --root (runs, or their evidence); without --arm, the arms and "
+                      "settings recorded in OUT/compare.json (flags given replace them).")
+    flags.DEFINE_string("out", None, "Directory for compare.json, compare.md and the plots (default: --root).")
+    flags.DEFINE_string("collect_evidence", None, "Also copy each run's small files (config, summary, metrics, "
+                        "evaluations; gzip-compressed when large) to this directory, as DIR/<arm>/seed<S>/.")
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -150,17 +168,9 @@ def evaluate_command(workdir: str, num_samples: int, checkpoint: str = "final") 
             f"--num_samples={num_samples}", "--noprogress"]
 
 
-def _evaluation_path(workdir: str, label: str = "final") -> str:
-    return os.path.join(workdir, layout.EVAL, label, layout.EVALUATION)
-
-
 def _load_evaluation(workdir: str, num_samples: int, label: str = "final") -> dict | None:
-    path = _evaluation_path(workdir, label)
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        evaluation = json.load(f)
-    return evaluation if evaluation.get("n") == num_samples else None
+    evaluation = run_io.read_evaluation(workdir, label)
+    return evaluation if evaluation is not None and evaluation.get("n") == num_samples else None
 
 
 def _run_complete(workdir: str) -> bool:
@@ -327,8 +337,7 @@ def run_grid(
 
 def _last_rows_mean(workdir: str, key: str, count: int = 10) -> float | None:
     """Mean of ``key`` over the last ``count`` rows of the run's metrics.jsonl (None if absent)."""
-    path = os.path.join(workdir, layout.METRICS)
-    rows = [r[key] for r in (read_metrics_jsonl(path) if os.path.isfile(path) else []) if key in r]
+    rows = [r[key] for r in run_io.read_metrics(workdir) if key in r]
     return float(sum(rows[-count:]) / len(rows[-count:])) if rows else None
 
 
@@ -445,6 +454,7 @@ def collect_table(
         "change_from_base": change,
         "mean_pass_at_k": mean_curves,
         "budget_fractions": [float(f) for f in budget_fractions],
+        "contrast_pairs": [list(pair) for pair in contrasts],
         "budget_curves": budget_curves,
         "missing_runs": missing,
     })
@@ -578,7 +588,8 @@ def table_markdown(table: Mapping[str, Any], token_budget: int | None = None) ->
 
 
 def write_table(table: Mapping[str, Any], root: str, token_budget: int | None = None) -> dict[str, str]:
-    """ROOT/compare.json, compare.md, compare_passk.png, compare_regimes.png."""
+    """ROOT/compare.json (the table and ``token_budget``), compare.md, compare_passk.png,
+    compare_regimes.png (and the budget plots when the table has budget curves)."""
     root_path = pathlib.Path(root)
     paths = {}
     if table["mean_pass_at_k"]:
@@ -612,31 +623,111 @@ def write_table(table: Mapping[str, Any], root: str, token_budget: int | None = 
             tradeoff, root_path / "compare_tradeoff.png", ylabel=f"pass@{n}",
             title=f"pass@1 vs pass@{n}: base → {', '.join(f'{f:g}' for f in table['budget_fractions'])} "
                   "→ full budget (large marker)"))
-    text = json.dumps(table, indent=1, sort_keys=True, allow_nan=False)
+    text = json.dumps({**table, "token_budget": token_budget}, indent=1, sort_keys=True, allow_nan=False)
     paths["json"] = str(write_text(root_path / "compare.json", text + "\n"))
     paths["markdown"] = str(write_text(root_path / "compare.md", table_markdown(table, token_budget)))
     return paths
 
 
+class Settings(NamedTuple):
+    """What a comparison is: its arms and seeds, and how its table is made."""
+
+    arms: list[Arm]
+    seeds: list[int]
+    baseline: str
+    contrasts: list[tuple[str, str]]
+    num_samples: int
+    budget_fractions: list[float]
+    token_budget: int | None
+
+
+def recorded_settings(path: str) -> Settings:
+    """The settings a compare.json was written with (one written before it recorded
+    ``contrast_pairs`` and ``token_budget`` gives its contrasts in key order and no budget).
+
+    Raises:
+      ValueError: no such file, or it is not a compare.json.
+    """
+    if not os.path.isfile(path):
+        raise ValueError(f"--report_only without --arm takes the arms from {path}, which does not exist; "
+                         "give the --arm flags of the comparison, or --out=<the folder of its compare.json>.")
+    with open(path) as f:
+        table = json.load(f)
+    try:
+        pairs = table.get("contrast_pairs")
+        if pairs is None:
+            pairs = [key.split(" − ") for key in table.get("contrasts") or {}]
+        return Settings(
+            arms=[Arm(a["name"], a["config"], tuple(a["overrides"])) for a in table["arms"]],
+            seeds=[int(seed) for seed in table["seeds"]], baseline=table["baseline"],
+            contrasts=[(a, b) for a, b in pairs], num_samples=int(table["num_samples"]),
+            budget_fractions=[float(f) for f in table.get("budget_fractions") or []],
+            token_budget=table.get("token_budget"))
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{path} is not a compare.json written by experiments.compare ({err!r}); "
+                         "give the --arm flags of the comparison.") from None
+
+
+def settings_from_flags(recorded: Settings | None = None) -> Settings:
+    """The comparison the flags describe; over ``recorded`` settings, only the flags given
+    on the command line replace their values."""
+    fl = flags.FLAGS
+
+    def given(name: str) -> bool:
+        return recorded is None or fl[name].present
+
+    if recorded is None:
+        arms = with_common([parse_arm(text, fl.config) for text in fl.arm], fl.common, fl.config)
+    else:
+        arms = recorded.arms
+    return Settings(
+        arms=arms,
+        seeds=[int(s) for s in fl.seeds] if given("seeds") else recorded.seeds,
+        baseline=(fl.baseline or arms[0].name) if given("baseline") else recorded.baseline,
+        contrasts=[parse_contrast(text) for text in fl.contrast] if given("contrast") else recorded.contrasts,
+        num_samples=fl.num_samples if given("num_samples") else recorded.num_samples,
+        budget_fractions=(sorted(float(f) for f in fl.budget_fractions) if given("budget_fractions")
+                          else recorded.budget_fractions),
+        token_budget=fl.token_budget if given("token_budget") else recorded.token_budget)
+
+
+def collect_evidence(root: str, arms: Sequence[Arm], seeds: Sequence[int], dest: str, *,
+                     gzip_above: int = run_io.GZIP_ABOVE) -> list[str]:
+    """Copies the per-run evidence of every run under ROOT (``run_io.copy_evidence``: config,
+    summary, metrics, budget marks, calibration caches and evaluations, gzip-compressed when
+    larger than ``gzip_above`` bytes) to DEST/<arm>/seed<S>/; returns the files written,
+    relative to DEST."""
+    written = []
+    for arm in arms:
+        for seed in seeds:
+            workdir = run_dir(root, arm.name, seed)
+            if run_io.run_file(workdir, layout.CONFIG) is None:
+                continue
+            names = run_io.copy_evidence(workdir, run_dir(dest, arm.name, seed), gzip_above=gzip_above)
+            written += [os.path.join(arm.name, f"seed{seed}", name) for name in names]
+    return written
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if not flags.FLAGS.root:
+    fl = flags.FLAGS
+    if not fl.root:
         raise app.UsageError("--root is required, e.g. --root=runs/compare")
-    if not flags.FLAGS.arm:
+    if not fl.arm and not fl.report_only:
         raise app.UsageError("give at least one --arm=NAME[=key=value ...]")
+    out = fl.out or fl.root
     try:
-        arms = [parse_arm(text, flags.FLAGS.config) for text in flags.FLAGS.arm]
-        arms = with_common(arms, flags.FLAGS.common, flags.FLAGS.config)
-        seeds = [int(s) for s in flags.FLAGS.seeds]
-        fractions = sorted(float(f) for f in flags.FLAGS.budget_fractions)
-        contrasts = [parse_contrast(text) for text in flags.FLAGS.contrast]
-        if fractions and not flags.FLAGS.token_budget:
-            raise ValueError("--budget_fractions are fractions of --token_budget: give --token_budget.")
-        if any(not 0.0 < f < 1.0 for f in fractions):
-            raise ValueError(f"--budget_fractions={fractions} must lie strictly between 0 and 1.")
-        for arm in arms:
-            check_arm(arm, seeds[0], flags.FLAGS.token_budget, fractions)
+        recorded = recorded_settings(os.path.join(out, "compare.json")) if not fl.arm else None
+        settings = settings_from_flags(recorded)
+        arms, seeds, fractions = settings.arms, settings.seeds, settings.budget_fractions
+        if not fl.report_only:
+            if fractions and not settings.token_budget:
+                raise ValueError("--budget_fractions are fractions of --token_budget: give --token_budget.")
+            if any(not 0.0 < f < 1.0 for f in fractions):
+                raise ValueError(f"--budget_fractions={fractions} must lie strictly between 0 and 1.")
+            for arm in arms:
+                check_arm(arm, seeds[0], settings.token_budget, fractions)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -644,29 +735,36 @@ def main(argv):
     if len(set(names)) != len(names):
         print(f"error: arm names must be unique, got {names}.", file=sys.stderr)
         return 2
-    baseline = flags.FLAGS.baseline or names[0]
-    for name in [baseline] + [n for pair in contrasts for n in pair]:
+    for name in [settings.baseline] + [n for pair in settings.contrasts for n in pair]:
         if name not in names:
             print(f"error: arm {name!r} (--baseline / --contrast) is not one of the arms {names}.", file=sys.stderr)
             return 2
-    if flags.FLAGS.dry_run:
+    if fl.dry_run:
         for arm in arms:
             for seed in seeds:
-                workdir = run_dir(flags.FLAGS.root, arm.name, seed)
-                print(" ".join(train_command(arm, seed, workdir, flags.FLAGS.token_budget, fractions)))
-                print(" ".join(evaluate_command(workdir, flags.FLAGS.num_samples)))
+                workdir = run_dir(fl.root, arm.name, seed)
+                print(" ".join(train_command(arm, seed, workdir, settings.token_budget, fractions)))
+                print(" ".join(evaluate_command(workdir, settings.num_samples)))
         return 0
-    try:
-        run_grid(flags.FLAGS.root, arms, seeds, token_budget=flags.FLAGS.token_budget,
-                 num_samples=flags.FLAGS.num_samples, budget_fractions=fractions, jobs=flags.FLAGS.jobs,
-                 share_base=flags.FLAGS.share_base)
-    except RuntimeError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    table = collect_table(flags.FLAGS.root, arms, seeds, baseline=baseline, num_samples=flags.FLAGS.num_samples,
-                          budget_fractions=fractions, contrasts=contrasts)
-    paths = write_table(table, flags.FLAGS.root, flags.FLAGS.token_budget)
+    if not fl.report_only:
+        try:
+            run_grid(fl.root, arms, seeds, token_budget=settings.token_budget, num_samples=settings.num_samples,
+                     budget_fractions=fractions, jobs=fl.jobs, share_base=fl.share_base)
+        except RuntimeError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+    table = collect_table(fl.root, arms, seeds, baseline=settings.baseline, num_samples=settings.num_samples,
+                          budget_fractions=fractions, contrasts=settings.contrasts)
+    if fl.report_only and not any(table["per_run"].values()):
+        print(f"error: --root={fl.root} holds no evaluated run (<arm>/seed<S>/eval/final/evaluation.json "
+              f"with n = {settings.num_samples}) of the arms {names} and seeds {seeds}; give the folder of the "
+              "runs or of their evidence (--collect_evidence).", file=sys.stderr)
+        return 2
+    paths = write_table(table, out, settings.token_budget)
     print(f"[compare] wrote {paths['markdown']}")
+    if fl.collect_evidence:
+        written = collect_evidence(fl.root, arms, seeds, fl.collect_evidence)
+        print(f"[compare] copied {len(written)} per-run files to {fl.collect_evidence}")
     return 0
 
 

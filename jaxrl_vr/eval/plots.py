@@ -6,6 +6,7 @@ state), so it works headless and in threads.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -150,12 +151,14 @@ def plot_regimes(
 
 
 def read_metrics_jsonl(path: str | os.PathLike) -> list[dict]:
-    """Reads one JSON object per line. Blank lines are skipped; a torn last line (a run
-    killed mid-write) is dropped; a malformed line elsewhere raises naming its number."""
+    """Reads one JSON object per line (a ".gz" path is gzip-compressed). Blank lines are
+    skipped; a torn last line (a run killed mid-write) is dropped; a malformed line
+    elsewhere raises naming its number."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"metrics file {path} does not exist; check --workdir.")
-    lines = path.read_text(encoding="utf-8").splitlines()
+    data = path.read_bytes()
+    lines = (gzip.decompress(data) if path.suffix == ".gz" else data).decode("utf-8").splitlines()
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():

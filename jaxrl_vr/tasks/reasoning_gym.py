@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import functools
 import json
+from typing import NamedTuple
 
-from jaxrl_vr.tasks.base import TaskItem
+from jaxrl_vr.tasks.base import TaskItem, normalize_prompt
 
 try:  # imported here so a verifier worker pays it while resolving, not within an item's deadline
     import reasoning_gym
 except ImportError:  # the adapter is optional ("tasks" extra)
     reasoning_gym = None
 
-__all__ = ["make_reasoning_gym_items", "reasoning_gym_names", "reasoning_gym_verifier"]
+__all__ = ["UniqueDraw", "draw_unique_items", "make_reasoning_gym_items", "reasoning_gym_names",
+           "reasoning_gym_verifier"]
+
+# draw_unique_items looks at up to this many times the requested items (+ 100) before it
+# gives up on a generator with too few distinct problems.
+MAX_DRAW_FACTOR = 10
 
 
 def reasoning_gym_names() -> tuple[str, ...]:
@@ -52,6 +58,44 @@ def make_reasoning_gym_items(name: str, *, seed: int, size: int, **config) -> li
             verifier="reasoning_gym", difficulty=difficulty if isinstance(difficulty, int) else 0,
             meta={"rg_name": name, "rg_config": config_json, "rg_entry": entry}))
     return items
+
+
+class UniqueDraw(NamedTuple):
+    """Items with distinct prompts, and what was skipped to get them."""
+
+    items: list
+    repeats: int  # drawn items skipped because their prompt was drawn before (or is in ``seen``)
+    excluded: int  # drawn items skipped because their prompt is in ``exclude``
+    drawn: int  # generator indices looked at (0 .. drawn - 1)
+
+
+def draw_unique_items(name: str, *, seed: int, size: int, seen: set[str] | frozenset[str] = frozenset(),
+                      exclude: set[str] | frozenset[str] = frozenset(), **config) -> UniqueDraw:
+    """``size`` items of generator ``name`` whose prompts (``normalize_prompt``) are distinct
+    and in neither ``seen`` nor ``exclude``: indices 0, 1, 2, ... in order, each skipped when
+    its prompt is taken, up to ``MAX_DRAW_FACTOR · size + 100`` indices. With nothing to skip
+    these are ``make_reasoning_gym_items(name, seed=seed, size=size)``; a generator with too
+    few distinct problems gives fewer than ``size``.
+    """
+    limit = MAX_DRAW_FACTOR * size + 100
+    count = size
+    while True:
+        taken, kept, repeats, excluded, looked = set(seen), [], 0, 0, 0
+        for item in make_reasoning_gym_items(name, seed=seed, size=count, **config):
+            if len(kept) == size:
+                break
+            looked += 1
+            key = normalize_prompt(item.prompt)
+            if key in exclude:
+                excluded += 1
+            elif key in taken:
+                repeats += 1
+            else:
+                taken.add(key)
+                kept.append(item)
+        if len(kept) == size or count >= limit:
+            return UniqueDraw(kept, repeats, excluded, looked)
+        count = min(limit, max(2 * count, count + 2 * (size - len(kept))))
 
 
 def _last_answer_tag(text: str) -> str | None:

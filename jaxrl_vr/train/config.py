@@ -227,6 +227,14 @@ class TaskConfig:
       max_turn_tokens: tokens per model turn (0 = rl.max_new_tokens).
       max_observation_tokens: tokens of one observation's content (longer ones are cut).
       tool_share: tool_arith: share of the supervised demonstrations that call the tool.
+      eval_seed: seed of the generated held-out set (arithmetic, tool_arith, reasoning_gym),
+        the same for every run seed; None = the run seed (each seed its own held-out set;
+        ``PipelineConfig`` stores that seed).
+        Files and humaneval hold out by prompt hash or eval_path, with no seed.
+      allow_eval_overlap: jsonl / parquet: train even when more than 5 %
+        (``sources.MAX_EVAL_OVERLAP``) of the held-out prompts of eval_path are also in path.
+        Every source removes held-out prompts and repeats from the training pool either way
+        (compared whitespace-collapsed and case-folded: ``tasks.base.normalize_prompt``).
     """
 
     name: str = "arithmetic"
@@ -249,6 +257,8 @@ class TaskConfig:
     max_turn_tokens: int = 0
     max_observation_tokens: int = 64
     tool_share: float = 0.3
+    eval_seed: int | None = 0
+    allow_eval_overlap: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "levels", tuple(int(v) for v in self.levels))
@@ -395,6 +405,12 @@ class PipelineConfig:
     eval: EvalConfig = EvalConfig()
     run: RunConfig = RunConfig()
 
+    def __post_init__(self):
+        # task.eval_seed=None means the run seed: stored as that seed, so config.json says
+        # which held-out set a run used, and an older workdir (``upgrade_legacy``) matches.
+        if self.task.eval_seed is None:
+            object.__setattr__(self, "task", dataclasses.replace(self.task, eval_seed=self.seed))
+
     @classmethod
     def from_dict(cls, tree: dict | None) -> "PipelineConfig":
         """Builds the tree (absent keys keep their defaults); a bad key or value raises
@@ -537,9 +553,24 @@ def _pick(old: dict, names: dict[str, str]) -> dict:
     return {new: old[name] for name, new in names.items() if name in old}
 
 
+# Task sources whose held-out set followed the run seed before task.eval_seed existed.
+_SEEDED_HELDOUT = ("arithmetic", "reasoning_gym")
+
+
+def _pin_eval_seed(tree: dict) -> dict:
+    """A stored config without ``task.eval_seed`` drew a seeded held-out set from the run
+    seed: it keeps that set (``eval_seed`` = its seed)."""
+    task = tree.get("task") or {}
+    if "eval_seed" in task or task.get("name", "arithmetic") not in _SEEDED_HELDOUT:
+        return tree
+    return {**tree, "task": {**task, "eval_seed": tree.get("seed", 0)}}
+
+
 def upgrade_legacy(tree: dict) -> dict:
-    """A config tree in the flat layout before the sections (``config.json`` of an older
-    workdir) in today's layout; a tree without old keys is returned unchanged."""
+    """A config tree of an older layout (``config.json`` of an older workdir) in today's:
+    the flat ``rl`` keys before the sections, and no ``task.eval_seed`` (its held-out set
+    followed the run seed); a tree of today's layout is returned unchanged."""
+    tree = _pin_eval_seed(tree)
     old = dict(tree.get("rl") or {})
     current = {f.name for f in dataclasses.fields(RLConfig)}
     if not any(f"rl.{key}" in MOVED and key not in current for key in old):

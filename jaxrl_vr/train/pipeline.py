@@ -1,7 +1,8 @@
 """An experiment end to end: task + model source → base pass rates → RL → evaluation → report.
 
 1. Validate the whole config, load the task (``sources.TASK_SOURCES``: its verifiers
-   checked, its splits non-empty, no prompt twice), check the model path, then create (or
+   checked, its splits non-empty, no prompt twice, no held-out prompt in the training pool:
+   what was removed is logged and kept in summary.json's "split"), check the model path, then create (or
    check) the workdir. A workdir whose run stopped before its first RL step takes a
    corrected config (``workdir.prepare_workdir``).
 2. Load the base policy (``sources.MODEL_SOURCES``: the builtin SFT-warm-started decoder, a
@@ -75,6 +76,7 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
     validate(cfg)
     tree = to_tree(cfg)
     data = load_task(cfg)
+    log(f"[task] {data.split.describe()}")
     check_model_source(cfg)
     workdir, finished, replaced = prepare_workdir(
         workdir, tree, defaults=to_tree(PipelineConfig()), upgrade=upgrade_legacy,
@@ -170,6 +172,7 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
         "calibration_tokens": budget.get("calibration_tokens", 0.0),
         "trained_tokens": budget.get("trained_tokens", 0.0),
         "seed": cfg.seed,
+        "split": data.split._asdict(),  # what cleaning the training pool and the held-out set removed
         "base_info": base_info,
         "rl_steps": steps_done,
         "final_train_reward": rows[-1].get("reward") if rows else None,

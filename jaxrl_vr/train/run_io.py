@@ -4,10 +4,16 @@ Everything that evaluates or compares runs goes through ``load_run`` and
 ``read_run_stats``, so a change of the workdir layout is a change of this file only.
 The file names are ``jaxrl_vr.layout``'s; a config.json of the flat layout before the
 config sections is read through ``train.config.upgrade_legacy``.
+
+Per-run evidence: ``copy_evidence`` copies the small files a comparison's tables are made
+from (``EVIDENCE_FILES`` and the evaluations) into a folder of the same layout, each one
+larger than ``GZIP_ABOVE`` bytes gzip-compressed as ``NAME.gz``; every reader here takes
+either form, so ``experiments.compare --report_only`` rebuilds the tables from such a folder.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from typing import Any, NamedTuple
@@ -16,23 +22,31 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_vr import layout
+from jaxrl_vr.atomic import write_bytes
 from jaxrl_vr.eval.plots import read_metrics_jsonl
 from jaxrl_vr.train import sources
 from jaxrl_vr.train.checkpoint import Checkpointer
 from jaxrl_vr.train.config import load_config
 from jaxrl_vr.train.update import make_update
 from jaxrl_vr.train.step import split_model
-from jaxrl_vr.train.workdir import read_budget_marks
 
 __all__ = [
     "CheckpointNotFoundError",
     "LoadedRun",
     "RunNotFoundError",
     "RunStats",
+    "EVIDENCE_FILES",
+    "GZIP_ABOVE",
     "budget_marks",
     "checkpoint_steps",
+    "copy_evidence",
+    "evaluation_file",
     "load_run",
+    "read_evaluation",
+    "read_metrics",
+    "read_run_json",
     "read_run_stats",
+    "run_file",
 ]
 
 
@@ -97,11 +111,43 @@ class RunStats(NamedTuple):
     calibration_tokens: float = 0.0
 
 
+def run_file(workdir: str | os.PathLike, name: str) -> str | None:
+    """The path of the run's file ``name`` (relative to the workdir), or of its
+    gzip-compressed copy ``name.gz`` (per-run evidence); None when neither exists."""
+    path = os.path.join(os.fspath(workdir), name)
+    return next((p for p in (path, path + ".gz") if os.path.isfile(p)), None)
+
+
+def read_run_json(workdir: str | os.PathLike, name: str) -> Any:
+    """The JSON file ``name`` of a run (or ``name.gz``); None when neither exists."""
+    path = run_file(workdir, name)
+    if path is None:
+        return None
+    with (gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8")) as f:
+        return json.load(f)
+
+
+def evaluation_file(label: str = "final") -> str:
+    """experiments.evaluate's evaluation.json of checkpoint ``label``, relative to the workdir."""
+    return os.path.join(layout.EVAL, label, layout.EVALUATION)
+
+
+def read_evaluation(workdir: str | os.PathLike, label: str = "final") -> dict | None:
+    """The run's ``eval/<label>/evaluation.json`` (or its .gz); None when absent."""
+    return read_run_json(workdir, evaluation_file(label))
+
+
+def read_metrics(workdir: str | os.PathLike) -> list[dict]:
+    """The rows of the run's metrics.jsonl (or its .gz); [] when absent."""
+    path = run_file(workdir, layout.METRICS)
+    return read_metrics_jsonl(path) if path else []
+
+
 def _workdir(workdir: str | os.PathLike) -> str:
     workdir = os.path.abspath(os.fspath(workdir))
     if not os.path.isdir(workdir):
         raise RunNotFoundError(f"workdir {workdir} does not exist; pass the --workdir of a training run.")
-    if not os.path.isfile(os.path.join(workdir, layout.CONFIG)):
+    if run_file(workdir, layout.CONFIG) is None:
         raise RunNotFoundError(
             f"workdir {workdir} has no config.json: it is not a run written by experiments.train."
         )
@@ -114,8 +160,7 @@ def read_config(workdir: str | os.PathLike):
     Raises:
       RunNotFoundError: no such run.
     """
-    with open(os.path.join(_workdir(workdir), layout.CONFIG)) as f:
-        return load_config(json.load(f))
+    return load_config(read_run_json(_workdir(workdir), layout.CONFIG))
 
 
 def _complete_steps(directory: str) -> list[int]:
@@ -134,7 +179,8 @@ def checkpoint_steps(workdir: str | os.PathLike) -> list[int]:
 
 def budget_marks(workdir: str | os.PathLike) -> list[dict]:
     """[{"fraction", "step", "token_budget", "generated_tokens"}] of the kept budget checkpoints."""
-    return read_budget_marks(_workdir(workdir))
+    stored = read_run_json(_workdir(workdir), layout.BUDGET_MARKS)
+    return list(stored["marks"]) if stored else []
 
 
 def _parse_checkpoint(checkpoint: str | int) -> str | int:
@@ -234,20 +280,17 @@ def _calibration_files_tokens(workdir: str) -> float:
     ``budget.calibration_tokens`` field)."""
     total = 0.0
     for name in layout.TRAIN_CALIBRATIONS:
-        path = os.path.join(workdir, name)
-        if os.path.isfile(path):
-            with open(path) as f:
-                total += _number(json.load(f).get("generated_tokens", 0.0))
+        stored = read_run_json(workdir, name)
+        if stored is not None:
+            total += _number(stored.get("generated_tokens", 0.0))
     return total
 
 
 def read_run_stats(workdir: str | os.PathLike) -> RunStats:
     """Token and time cost of a run, from summary.json (complete) or metrics.jsonl (running)."""
     workdir = _workdir(workdir)
-    summary_path = os.path.join(workdir, layout.SUMMARY)
-    if os.path.isfile(summary_path):
-        with open(summary_path) as f:
-            summary = json.load(f)
+    summary = read_run_json(workdir, layout.SUMMARY)
+    if summary is not None:
         budget = summary.get("budget", {})
         return RunStats(
             complete=True,
@@ -259,8 +302,7 @@ def read_run_stats(workdir: str | os.PathLike) -> RunStats:
             calibration_tokens=(_number(budget["calibration_tokens"]) if "calibration_tokens" in budget
                                 else _calibration_files_tokens(workdir)),
         )
-    metrics_path = os.path.join(workdir, layout.METRICS)
-    rows = read_metrics_jsonl(metrics_path) if os.path.isfile(metrics_path) else []
+    rows = read_metrics(workdir)
     last = rows[-1] if rows else {}
     return RunStats(
         complete=False,
@@ -271,3 +313,46 @@ def read_run_stats(workdir: str | os.PathLike) -> RunStats:
         wall_time_s=float("nan"),
         calibration_tokens=_number(last.get("budget/calibration_tokens", 0.0)),
     )
+
+
+# ---------------------------------------------------------------------- per-run evidence
+
+# What a comparison's tables are made from, besides the evaluations (experiments.compare).
+EVIDENCE_FILES = (layout.CONFIG, layout.SUMMARY, layout.METRICS, layout.BUDGET_MARKS, *layout.TRAIN_CALIBRATIONS)
+GZIP_ABOVE = 64 * 1024  # bytes: a larger evidence file is stored gzip-compressed as NAME.gz
+
+
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        data = f.read()
+    return gzip.decompress(data) if path.endswith(".gz") else data
+
+
+def copy_evidence(workdir: str | os.PathLike, dest: str | os.PathLike, *,
+                  gzip_above: int = GZIP_ABOVE) -> list[str]:
+    """Copies the run's ``EVIDENCE_FILES`` and evaluations (``eval/final`` and those of its
+    kept budget checkpoints) into ``dest`` under the same names, each larger than
+    ``gzip_above`` bytes as ``NAME.gz`` (no timestamp inside, so a copy of the same bytes
+    is the same file); never checkpoints, the base model or exports. ``workdir`` may itself
+    hold evidence. Returns the names written, relative to ``dest``.
+
+    Raises:
+      RunNotFoundError: ``workdir`` holds no run.
+    """
+    workdir = _workdir(workdir)
+    names = list(EVIDENCE_FILES) + [evaluation_file("final")]
+    names += [evaluation_file(str(int(mark["step"]))) for mark in budget_marks(workdir)]
+    written = []
+    for name in names:
+        source = run_file(workdir, name)
+        if source is None:
+            continue
+        data = _read_bytes(source)
+        target = os.path.join(os.fspath(dest), name)
+        packed = len(data) > gzip_above
+        write_bytes(target + ".gz" if packed else target, gzip.compress(data, mtime=0) if packed else data)
+        stale = target if packed else target + ".gz"
+        if os.path.isfile(stale):
+            os.remove(stale)
+        written.append(name + ".gz" if packed else name)
+    return written

@@ -10,7 +10,9 @@ Model sources (``model.source``), each ``fn(cfg, workdir, train_data, log) -> Po
 
 Task sources (``task.name``), each ``fn(cfg) -> TaskData``: ``arithmetic``,
 ``tool_arith``, ``reasoning_gym``, ``jsonl``, ``parquet``, ``humaneval``. Adding either kind is one function and one
-registry line (``MODEL_SOURCES`` / ``TASK_SOURCES``).
+registry line (``MODEL_SOURCES`` / ``TASK_SOURCES``). Whatever a source returns, ``load_task``
+leaves no repeated prompt in the training pool or the held-out set and no held-out prompt in
+the pool (``tasks.base.clean_split``), and counts what it removed in ``TaskData.split``.
 """
 
 from __future__ import annotations
@@ -31,10 +33,10 @@ from jaxrl_vr.models.gguf_io import check_gguf_header
 from jaxrl_vr.models.tokenizers import CharTokenizer, HFTokenizer
 from jaxrl_vr.registry import Registry, did_you_mean
 from jaxrl_vr.tasks import arithmetic, tool_arith
-from jaxrl_vr.tasks.base import in_split
+from jaxrl_vr.tasks.base import SplitReport, clean_split, drop_repeats, in_split, prompt_keys
 from jaxrl_vr.tasks.datasets import load_task_file
 from jaxrl_vr.tasks.humaneval import load_problems, make_humaneval_items
-from jaxrl_vr.tasks.reasoning_gym import make_reasoning_gym_items, reasoning_gym_names
+from jaxrl_vr.tasks.reasoning_gym import draw_unique_items, reasoning_gym_names
 from jaxrl_vr.train.checkpoint import CheckpointMismatchError, Checkpointer
 from jaxrl_vr.train.sft import train_sft
 from jaxrl_vr.train.step import split_model
@@ -46,11 +48,23 @@ if TYPE_CHECKING:  # the config imports these registries to check its names
 
 
 class TaskData(NamedTuple):
-    """Training prompts, held-out prompts and (builtin model only) SFT pairs."""
+    """Training prompts, held-out prompts, (builtin model only) SFT pairs, and what cleaning
+    the splits removed."""
 
     train: list
     heldout: list
     sft: list
+    split: SplitReport = SplitReport()
+
+
+# jsonl / parquet with task.eval_path: a run that trains fails when more than this share of
+# the held-out prompts is also in task.path (unless task.allow_eval_overlap).
+MAX_EVAL_OVERLAP = 0.05
+
+
+def eval_seed(cfg: PipelineConfig) -> int:
+    """The seed of a generated held-out set: ``task.eval_seed``, or the run seed when None."""
+    return cfg.seed if cfg.task.eval_seed is None else cfg.task.eval_seed
 
 
 class Policy(NamedTuple):
@@ -80,14 +94,17 @@ def _arithmetic_task(cfg: PipelineConfig) -> TaskData:
                     raise
                 count = count * 3 // 4
     train = [train[i] for i in np.random.default_rng(cfg.seed).permutation(len(train))]
-    heldout = arithmetic.make_items(2000 + cfg.seed, task.num_eval, levels=task.levels, split="test")
+    heldout = arithmetic.make_items(2000 + eval_seed(cfg), task.num_eval, levels=task.levels, split="test")
     sft = arithmetic.make_sft_examples(3000 + cfg.seed, task.num_sft_examples, levels=task.levels,
                                        split="train")
     return TaskData(train, heldout, sft)
 
 
 def _reasoning_gym_task(cfg: PipelineConfig) -> TaskData:
-    """Generator items, mixed evenly over ``task.rg_tasks``; held-out items use another seed."""
+    """Generator items, mixed evenly over ``task.rg_tasks``; held-out items use another seed
+    (``eval_seed``: the same for every run seed by default). Each side draws past repeated
+    prompts, and the pool past held-out prompts, until it has the requested count, or says
+    in ``TaskData.split`` how many it could not draw."""
     task = cfg.task
     names = [n.strip() for n in task.rg_tasks.split(",") if n.strip()]
     if not names:
@@ -102,17 +119,28 @@ def _reasoning_gym_task(cfg: PipelineConfig) -> TaskData:
     shared = {k: v for k, v in config.items() if k not in names}
     per_task = {name: {**shared, **config.get(name, {})} for name in names}
 
-    def items(seed: int, total: int) -> list:
-        out = []
+    def items(seed: int, total: int, exclude: set[str]) -> tuple[list, dict]:
+        out, seen, counts = [], set(), {"repeats": 0, "excluded": 0, "drawn": 0}
         for i, name in enumerate(names):
             size = total // len(names) + (i < total % len(names))
-            out += make_reasoning_gym_items(name, seed=seed, size=size, **per_task[name])
+            draw = draw_unique_items(name, seed=seed, size=size, seen=seen, exclude=exclude, **per_task[name])
+            out += draw.items
+            seen |= prompt_keys(draw.items)
+            for key in counts:
+                counts[key] += getattr(draw, key)
         out = [out[j] for j in np.random.default_rng(seed).permutation(len(out))]
         # task.verifier scores them: "reasoning_gym" is the generator's own score_answer
         # (answers in <answer> tags), "math" extracts a boxed or final number.
-        return [dataclasses.replace(it, verifier=task.verifier) for it in out]
+        return [dataclasses.replace(it, verifier=task.verifier) for it in out], counts
 
-    return TaskData(items(1000 + cfg.seed, task.num_train), items(2000 + cfg.seed, task.num_eval), [])
+    heldout, held = items(2000 + eval_seed(cfg), task.num_eval, set())
+    train, drawn = items(1000 + cfg.seed, task.num_train, prompt_keys(heldout))
+    report = SplitReport(
+        train=len(train), heldout=len(heldout), train_duplicates=drawn["repeats"],
+        train_in_heldout=drawn["excluded"], heldout_duplicates=held["repeats"],
+        extra_drawn=max(drawn["drawn"] - task.num_train, 0) + max(held["drawn"] - task.num_eval, 0),
+        train_short=task.num_train - len(train), heldout_short=task.num_eval - len(heldout))
+    return TaskData(train, heldout, [], report)
 
 
 def _file_task(cfg: PipelineConfig) -> TaskData:
@@ -120,7 +148,10 @@ def _file_task(cfg: PipelineConfig) -> TaskData:
 
     Raises ValueError naming the file, the key and the fix when a file is missing, empty or
     has no usable row, repeats a prompt, or when the held-out share of ``task.path`` (no
-    ``task.eval_path``) or its training share is empty.
+    ``task.eval_path``) or its training share is empty, or when a run that trains would
+    evaluate on ``task.eval_path`` prompts of which more than ``MAX_EVAL_OVERLAP`` are also in
+    ``task.path`` (``task.allow_eval_overlap=True`` allows it). Shared prompts always leave
+    the training pool; num_train / num_eval cap each side after that cleaning.
     """
     task = cfg.task
     keys = {"prompt_key": task.prompt_field, "answer_key": task.answer_field}
@@ -160,20 +191,27 @@ def _file_task(cfg: PipelineConfig) -> TaskData:
                     "the held-out split (by prompt hash); give held-out rows with task.eval_path, "
                     "or change task.eval_fraction.")
         train, heldout = split["train"], split["test"]
-    if task.num_train:
-        train = train[: task.num_train]
-    if task.num_eval:
-        heldout = heldout[: task.num_eval]
-    return TaskData(train, heldout, [])
+    if task.eval_path and cfg.rl.steps > 0 and not task.allow_eval_overlap:
+        evaluated = drop_repeats(heldout)[0][: task.num_eval or None]
+        shared = len(prompt_keys(evaluated) & prompt_keys(train))
+        if shared > MAX_EVAL_OVERLAP * len(evaluated):
+            raise ValueError(
+                f"task.eval_path={task.eval_path!r} shares {shared} of its {len(evaluated)} held-out prompts "
+                f"({shared / len(evaluated):.0%}) with task.path={task.path!r}, more than the "
+                f"{MAX_EVAL_OVERLAP:.0%} allowed; give a held-out file disjoint from the training file, or set "
+                "task.allow_eval_overlap=True (the shared prompts then leave the training pool).")
+    train, heldout, report = clean_split(train, heldout, num_train=task.num_train, num_eval=task.num_eval)
+    return TaskData(train, heldout, [], report)
 
 
 def _tool_arith_task(cfg: PipelineConfig) -> TaskData:
     """Products to compute with the Python tool (``jaxrl_vr.tasks.tool_arith``); levels
-    outside 0-3 are dropped, train and held-out disjoint by prompt hash."""
+    outside 0-3 are dropped, train and held-out disjoint by prompt hash (held-out drawn from
+    ``eval_seed``)."""
     task = cfg.task
     levels = tuple(v for v in task.levels if v in tool_arith.LEVELS) or tool_arith.LEVELS
     train = tool_arith.make_items(1000 + cfg.seed, task.num_train, levels=levels, split="train")
-    heldout = tool_arith.make_items(2000, task.num_eval, levels=levels, split="test")  # fixed across seeds
+    heldout = tool_arith.make_items(2000 + eval_seed(cfg), task.num_eval, levels=levels, split="test")
     sft = tool_arith.make_sft_examples(3000 + cfg.seed, task.num_sft_examples, levels=levels, split="train",
                                        tool_share=task.tool_share)
     return TaskData(train, heldout, sft)
@@ -189,10 +227,9 @@ def _humaneval_task(cfg: PipelineConfig) -> TaskData:
     chat = cfg.model.chat  # through the chat template: an instruction with the code fenced
     train = make_humaneval_items(split="train", heldout_fraction=task.eval_fraction, chat=chat, problems=problems)
     heldout = make_humaneval_items(split="test", heldout_fraction=task.eval_fraction, chat=chat, problems=problems)
-    if {it.uid for it in train} & {it.uid for it in heldout}:
-        raise AssertionError("a held-out HumanEval problem is in the training pool")
     train = [train[i] for i in np.random.default_rng(cfg.seed).permutation(len(train))]
-    return TaskData(train[: task.num_train or None], heldout[: task.num_eval or None], [])
+    train, heldout, report = clean_split(train, heldout, num_train=task.num_train, num_eval=task.num_eval)
+    return TaskData(train, heldout, [], report)
 
 
 TASK_SOURCES = Registry("task source", {
@@ -213,14 +250,17 @@ def with_instruction(items: list, instruction: str) -> list:
 
 
 def load_task(cfg: PipelineConfig) -> TaskData:
-    """The configured task's items (deterministic from cfg.seed), instruction appended.
+    """The configured task's items (deterministic from cfg.seed and task.eval_seed), cleaned
+    (no repeated prompt on either side, no held-out prompt in the training pool: what was
+    removed is in ``TaskData.split``), instruction appended.
 
     Raises ValueError, before any model is loaded, when a verifier the task names is not
     registered, there are no held-out prompts, or fewer training prompts than a step needs.
     """
     data = TASK_SOURCES[cfg.task.name].fn(cfg)
-    data = TaskData(with_instruction(data.train, cfg.task.instruction),
-                    with_instruction(data.heldout, cfg.task.instruction), data.sft)
+    train, heldout, report = clean_split(data.train, data.heldout)  # every source, whatever it did itself
+    data = TaskData(with_instruction(train, cfg.task.instruction),
+                    with_instruction(heldout, cfg.task.instruction), data.sft, data.split.plus(report))
     if not data.heldout:
         raise ValueError("the task has no held-out prompts; set task.num_eval, task.eval_path or "
                          "task.eval_fraction.")

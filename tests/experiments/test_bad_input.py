@@ -47,6 +47,10 @@ def _inputs(tmp_path) -> dict:
         "duplicate_prompts": (RG_SMOKE, ("--config.task.name=jsonl", f"--config.task.path={dup}",
                                           f"--config.task.eval_path={dup}"),
                               ("task.path", "dup.jsonl:line 21", "line 1", "duplicate")),
+        "eval_path_overlaps_path": (RG_SMOKE, ("--config.task.name=jsonl", f"--config.task.path={ten}",
+                                               f"--config.task.eval_path={ten}"),
+                                    ("task.eval_path", "ten.jsonl", "shares 4 of its 4",
+                                     "task.allow_eval_overlap=True")),
         "directory_as_gguf": (SMOKE, ("--config.model.source=gguf", f"--config.model.path={tmp_path / 'a_dir'}"),
                               ("model.path", "a_dir", "is a directory", "GGUF file")),
         "garbage_gguf": (RG_SMOKE, ("--config.model.source=gguf", f"--config.model.path={tmp_path / 'bad.gguf'}"),
@@ -62,8 +66,9 @@ def _inputs(tmp_path) -> dict:
     }
 
 
-NAMES = ("ten_rows_no_eval_path", "empty_file", "missing_file", "duplicate_prompts", "directory_as_gguf",
-         "garbage_gguf", "missing_gguf", "missing_hf_directory", "reasoning_gym_typo", "negative_learning_rate")
+NAMES = ("ten_rows_no_eval_path", "empty_file", "missing_file", "duplicate_prompts", "eval_path_overlaps_path",
+         "directory_as_gguf", "garbage_gguf", "missing_gguf", "missing_hf_directory", "reasoning_gym_typo",
+         "negative_learning_rate")
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -78,8 +83,8 @@ def test_bad_input_is_named_with_its_fix_before_the_workdir_is_touched(tmp_path,
     assert not workdir.exists()
 
 
-@pytest.mark.parametrize("name", ["ten_rows_no_eval_path", "duplicate_prompts", "garbage_gguf",
-                                  "missing_hf_directory", "reasoning_gym_typo"])
+@pytest.mark.parametrize("name", ["ten_rows_no_eval_path", "duplicate_prompts", "eval_path_overlaps_path",
+                                  "garbage_gguf", "missing_hf_directory", "reasoning_gym_typo"])
 def test_bad_input_on_the_command_line_is_one_line_and_exit_2(tmp_path, name):
     config, overrides, words = _inputs(tmp_path)[name]
     workdir = tmp_path / "run"

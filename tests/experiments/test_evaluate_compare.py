@@ -173,6 +173,74 @@ def test_compare_table_paired_differences_and_resume(smoke_run, tmp_path):
     assert "--config=x.py:smoke" in cmd
 
 
+def test_report_only_rebuilds_the_tables_from_the_collected_per_run_evidence(smoke_run, tmp_path):
+    """A tiny study (2 arms × 2 seeds: whole workdirs of one smoke run with their evaluations
+    shifted per run): compare writes its tables; --collect_evidence's copy holds only the
+    small per-run files (gzip-compressed above the threshold); ``--report_only`` on that copy
+    alone, with the settings of the compare.json, writes the same tables again."""
+    root, results = tmp_path / "runs", tmp_path / "results"
+    evaluated = str(tmp_path / "evaluated")
+    shutil.copytree(smoke_run, evaluated)
+    ev = evaluate_cli.evaluate_run(evaluated, "final", num_samples=4, log=lambda s: None)
+    arms = [compare.parse_arm("a", "cfg.py"), compare.parse_arm("b=rl.estimator=loo", "cfg.py")]
+    for arm, shift in (("a", 0.0), ("b", 0.1)):
+        for seed in (0, 1):
+            workdir = compare.run_dir(str(root), arm, seed)
+            shutil.copytree(evaluated, workdir)  # checkpoints, base and export too: none is evidence
+            for label, change in (("final", shift + 0.01 * seed), ("1", shift - 0.05)):
+                changed = json.loads(json.dumps(ev))
+                changed["pass_at_k"]["1"] = ev["pass_at_k"]["1"] + change
+                os.makedirs(os.path.join(workdir, "eval", label), exist_ok=True)
+                with open(os.path.join(workdir, "eval", label, "evaluation.json"), "w") as f:
+                    json.dump(changed, f)
+            with open(os.path.join(workdir, "budget_checkpoints.json"), "w") as f:
+                json.dump({"token_budget": 1000, "marks": [
+                    {"fraction": 0.5, "step": 1, "token_budget": 1000, "generated_tokens": 520.0}]}, f)
+    table = compare.collect_table(str(root), arms, [0, 1], baseline="a", num_samples=4, budget_fractions=(0.5,),
+                                  contrasts=[("b", "a")])
+    written = compare.write_table(table, str(root), 1000)
+    assert table["summary"]["a"]["KL to base (last 10 steps)"]["mean"] is not None  # read from metrics.jsonl
+
+    # Files larger than config.json count as large here: every reader meets a .gz.
+    threshold = os.path.getsize(os.path.join(evaluated, "config.json"))
+    copied = compare.collect_evidence(str(root), arms, [0, 1], str(results / "runs"), gzip_above=threshold)
+    run_files = sorted(name.split(os.sep, 2)[2] for name in copied if name.startswith(os.path.join("a", "seed0")))
+    assert run_files == sorted(["config.json", "summary.json.gz", "metrics.jsonl.gz", "budget_checkpoints.json",
+                                os.path.join("eval", "final", "evaluation.json.gz"),
+                                os.path.join("eval", "1", "evaluation.json.gz")])
+    on_disk = sorted(os.path.relpath(os.path.join(d, f), results / "runs")
+                     for d, _, files in os.walk(results / "runs") for f in files)
+    assert on_disk == sorted(copied) and len(copied) == 4 * 6
+
+    # The results folder as committed: the per-run evidence, and a compare.json whose tables
+    # are gone (only its settings are read back).
+    with open(written["json"]) as f:
+        original = json.load(f)
+    settings = ("arms", "seeds", "baseline", "num_samples", "budget_fractions", "contrast_pairs", "token_budget")
+    with open(results / "compare.json", "w") as f:
+        json.dump({key: original[key] for key in settings}, f)
+    proc = subprocess.run([sys.executable, "-m", "experiments.compare", "--report_only",
+                           f"--root={results / 'runs'}", f"--out={results}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(results / "compare.json") as f:
+        rebuilt = json.load(f)
+    assert rebuilt["root"] == str(results / "runs")
+    assert {k: v for k, v in rebuilt.items() if k != "root"} == {k: v for k, v in original.items() if k != "root"}
+    assert (results / "compare.md").read_text() == open(written["markdown"]).read()
+    for plot in ("compare_passk.png", "compare_regimes.png", "compare_budget.png", "compare_tradeoff.png"):
+        assert (results / plot).is_file()
+
+
+def test_recorded_settings_of_the_study_and_a_missing_table():
+    study = compare.recorded_settings(os.path.join(REPO, "experiments", "results", "study", "compare.json"))
+    assert len(study.arms) == 13 and study.seeds == [0, 1, 2] and study.baseline == "grpo"
+    assert study.num_samples == 256 and study.budget_fractions == [0.5] and len(study.contrasts) == 7
+    assert study.token_budget is None  # written before compare.json recorded it: --token_budget gives it
+    with pytest.raises(ValueError, match="--arm flags"):
+        compare.recorded_settings(os.path.join(REPO, "no_such_dir", "compare.json"))
+
+
 def test_compare_grid_schedules_donors_first_shares_bases_and_evaluates_fractions(tmp_path):
     """A scripted runner stands in for the processes: with two jobs, an arm that shares the
     seed's base starts only after the donor trained, from a copy of its base files; an arm

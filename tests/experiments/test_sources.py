@@ -28,10 +28,9 @@ def exported(tmp_path_factory):
     return summary["export_dir"]
 
 
-def _rows_file(tmp_path):
-    path = tmp_path / "rows.jsonl"
-    rows = [{"question": f"{a}+{b}=", "solution": str(a + b)} for a, b in
-            [(1, 2), (3, 4), (2, 2), (5, 1), (0, 7), (4, 4)]]
+def _rows_file(tmp_path, name="rows", pairs=((1, 2), (3, 4), (2, 2), (5, 1), (0, 7), (4, 4))):
+    path = tmp_path / f"{name}.jsonl"
+    rows = [{"question": f"{a}+{b}=", "solution": str(a + b)} for a, b in pairs]
     with open(path, "w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
@@ -39,12 +38,17 @@ def _rows_file(tmp_path):
     return str(path)
 
 
+def _eval_rows_file(tmp_path):
+    """Held-out rows that share no prompt with ``_rows_file``'s."""
+    return _rows_file(tmp_path, "eval_rows", ((6, 1), (2, 5), (3, 3), (1, 8), (5, 4), (0, 9)))
+
+
 @pytest.mark.slow
 def test_hf_directory_and_jsonl_rows_train_evaluate_and_export(exported, tmp_path):
     rows = _rows_file(tmp_path)
     tree = _smoke_tree(
         model={"source": "hf", "path": exported},
-        task={"name": "jsonl", "path": rows, "eval_path": rows, "prompt_field": "question",
+        task={"name": "jsonl", "path": rows, "eval_path": _eval_rows_file(tmp_path), "prompt_field": "question",
               "answer_field": "solution", "verifier": "exact", "num_train": 0, "num_eval": 0},
         rl={"steps": 1, "prompts_per_step": 2, "samples_per_prompt": 2, "num_minibatches": 1},
         eval={"base_calibration_samples": 0})
@@ -61,7 +65,7 @@ def test_hf_directory_and_jsonl_rows_train_evaluate_and_export(exported, tmp_pat
 def test_unknown_verifier_fails_before_any_model_is_loaded(tmp_path):
     rows = _rows_file(tmp_path)
     tree = _smoke_tree(model={"source": "hf", "path": str(tmp_path / "no_model_here")},
-                       task={"name": "jsonl", "path": rows, "eval_path": rows,
+                       task={"name": "jsonl", "path": rows, "eval_path": _eval_rows_file(tmp_path),
                              "prompt_field": "question", "answer_field": "solution",
                              "verifier": "mathh"})
     with pytest.raises(ValueError, match="mathh"):
