@@ -334,6 +334,24 @@ def passk_training(
     return jnp.where(valid_pg, adv_pg + shaping_pg, 0.0)
 
 
+def annealed_k(step, *, k: int, k_end: int | None = None, anneal_steps: int = 0) -> jnp.ndarray:
+    """The k of an annealed pass@k objective at batch ``step`` (PKPO anneals k; arXiv 2505.15201).
+
+      k_t = k + round((k_end − k) · min(t, anneal_steps)/anneal_steps)   (halves round up),
+
+    k throughout when ``k_end`` is None or ``anneal_steps`` is 0, then k_end from step
+    ``anneal_steps`` on. Jittable: ``step`` may be traced.
+
+    Returns:
+      int32 scalar.
+    """
+    step = jnp.asarray(step, jnp.int32)
+    if k_end is None or k_end == k or anneal_steps < 1:
+        return jnp.full((), k, jnp.int32)
+    progress = jnp.clip(step, 0, anneal_steps).astype(jnp.float32) / float(anneal_steps)
+    return (k + jnp.floor((k_end - k) * progress + 0.5)).astype(jnp.int32)
+
+
 def regime(p_base, n: int = 256):
     """PBA regime codes (index into ``REGIMES``) from the base model's pass rate.
 
