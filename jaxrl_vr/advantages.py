@@ -72,18 +72,34 @@ def _safe_divide(centred_pg: jnp.ndarray, denominator: jnp.ndarray) -> jnp.ndarr
     return jnp.where(nonzero, centred_pg / jnp.where(nonzero, denominator, 1.0), 0.0)
 
 
-def reinforce(rewards_pg: Array, valid_pg: Array | None = None) -> jnp.ndarray:
-    """REINFORCE "advantage" A_i = R_i (no baseline), zero where invalid.
+REINFORCE_BASELINES = ("mean", "none")
+
+
+def reinforce(rewards_pg: Array, valid_pg: Array | None = None, *,
+              baseline: str = "mean") -> jnp.ndarray:
+    """REINFORCE advantage: the prompt weight w(p) = 1 of SPEC §3.2.
+
+      baseline="mean": A_i = R_i − R̄ over the group's valid samples (the same values as
+                       Dr.GRPO); a lone valid sample (K = 1) has no baseline to subtract and
+                       keeps R_i, so one sample per prompt still learns.
+      baseline="none": A_i = R_i (textbook REINFORCE).
 
     Args:
       rewards_pg: float [P, G] rewards.
       valid_pg: optional bool [P, G].
+      baseline: "mean" or "none" (static).
 
     Returns:
-      float32 [P, G].
+      float32 [P, G], zero where invalid (and for constant groups with "mean").
     """
+    if baseline not in REINFORCE_BASELINES:
+        raise ValueError(f"reinforce: baseline must be one of {REINFORCE_BASELINES}, got {baseline!r}.")
     rewards_pg, valid_pg = _prepare(rewards_pg, valid_pg, "reinforce")
-    return jnp.where(valid_pg, rewards_pg, 0.0)
+    if baseline == "none":
+        return jnp.where(valid_pg, rewards_pg, 0.0)
+    stats = group_stats(rewards_pg, valid_pg)
+    lone_p = stats.count_p < 2.0
+    return jnp.where(valid_pg & lone_p[:, None], rewards_pg, stats.centred_pg)
 
 
 def grpo(

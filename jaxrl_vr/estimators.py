@@ -95,9 +95,21 @@ def _loo(settings: NoSettings, context: EstimatorContext) -> Estimator:
     return stateless(lambda r, v, s: advantages.loo(r, v))
 
 
-def _reinforce(settings: NoSettings, context: EstimatorContext) -> Estimator:
-    """REINFORCE with the group-mean baseline (w(p) = 1)."""
-    return stateless(lambda r, v, s: advantages.reinforce(r, v))
+@dataclasses.dataclass(frozen=True)
+class ReinforceSettings:
+    """baseline: "mean" (R − R̄; a lone sample keeps R) or "none" (R)."""
+
+    baseline: str = "mean"
+
+    def __post_init__(self):
+        if self.baseline not in advantages.REINFORCE_BASELINES:
+            raise ValueError(f"baseline={self.baseline!r} is not one of {advantages.REINFORCE_BASELINES}.")
+
+
+def _reinforce(settings: ReinforceSettings, context: EstimatorContext) -> Estimator:
+    """REINFORCE (w(p) = 1): R − R̄ with the group-mean baseline where a group has two or more
+    samples, R where it has one (so G = 1 trains); ``baseline="none"``: R."""
+    return stateless(lambda r, v, s: advantages.reinforce(r, v, baseline=settings.baseline))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,7 +315,7 @@ ESTIMATORS = Registry("advantage estimator", {
     "grpo": _grpo,
     "dr_grpo": _dr_grpo,
     "loo": _loo,
-    "reinforce": _reinforce,
+    "reinforce": Entry(_reinforce, ReinforceSettings),
     "maxrl": Entry(_maxrl, MaxRLSettings),
     "curverl": Entry(_curverl, CurveRLSettings),
     "pair_weighted": Entry(_pair_weighted, PairWeightedSettings),

@@ -207,3 +207,21 @@ def test_passk_estimators_are_reachable_from_command_line_keys():
     assert (choice.settings.k, choice.settings.k_end, choice.settings.anneal_steps) == (2, 1, 50)
     tree = apply_overrides({}, [("rl.estimator", "passk_training"), ("rl.estimator.k", "3")])
     assert PipelineConfig.from_dict(tree).rl.estimator.settings.k == 3
+
+
+def test_reinforce_is_r_minus_the_group_mean_and_still_trains_one_sample_per_prompt():
+    from jaxrl_vr.train.config import PipelineConfig, validate
+
+    rewards = jnp.asarray([[1.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+    adv, _ = estimators.make_estimator("reinforce").update(rewards, jnp.ones((2, 4), bool), rewards, ())
+    np.testing.assert_allclose(np.asarray(adv), [[0.5, -0.5, -0.5, 0.5], [0.75, -0.25, -0.25, -0.25]])
+    raw, _ = estimators.make_estimator("reinforce", baseline="none").update(
+        rewards, jnp.ones((2, 4), bool), rewards, ())
+    np.testing.assert_array_equal(np.asarray(raw), np.asarray(rewards))
+    # G = 1: no group to take a mean over; the advantage is the reward, not 0, and the
+    # config is not rejected as group-relative.
+    lone = jnp.asarray([[1.0], [0.0]])
+    adv, _ = estimators.make_estimator("reinforce").update(lone, jnp.ones((2, 1), bool), lone, ())
+    np.testing.assert_array_equal(np.asarray(adv), [[1.0], [0.0]])
+    assert estimators.needs_groups("reinforce") is False
+    validate(PipelineConfig.from_dict({"rl": {"samples_per_prompt": 1, "estimator": "reinforce"}}))
