@@ -114,15 +114,23 @@ def _reinforce(settings: ReinforceSettings, context: EstimatorContext) -> Estima
 
 @dataclasses.dataclass(frozen=True)
 class MaxRLSettings:
-    """eps: added to the mean success in MaxRL's denominator."""
+    """eps: added to the mean success in MaxRL's denominator.
+    num_samples: T of MaxRL's truncated weight (1 − (1−p)^T)/p; None = 1/p."""
 
     eps: float = 1e-6
+    num_samples: int | None = None
+
+    def __post_init__(self):
+        if self.num_samples is not None and self.num_samples < 1:
+            raise ValueError(f"num_samples (T) must be >= 1 or None (untruncated), got {self.num_samples}.")
 
 
 def _maxrl(settings: MaxRLSettings, context: EstimatorContext) -> Estimator:
-    """MaxRL (arXiv 2602.02710): the verifier-success part gets (s − s̄)/(s̄ + eps), the
-    shaping part (rewards − success) a plain baseline (``advantages.maxrl``)."""
-    return stateless(lambda r, v, s: advantages.maxrl(r, v, success_pg=s, eps=settings.eps))
+    """MaxRL (arXiv 2602.02710): the verifier-success part gets (s − s̄)/(s̄ + eps), or with
+    ``num_samples`` T the truncated weight (1 − (1−s̄)^T)/s̄ times (s − s̄); the shaping part
+    (rewards − success) a plain baseline (``advantages.maxrl``)."""
+    return stateless(lambda r, v, s: advantages.maxrl(r, v, success_pg=s, eps=settings.eps,
+                                                      num_samples=settings.num_samples))
 
 
 @dataclasses.dataclass(frozen=True)

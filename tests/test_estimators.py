@@ -225,3 +225,26 @@ def test_reinforce_is_r_minus_the_group_mean_and_still_trains_one_sample_per_pro
     np.testing.assert_array_equal(np.asarray(adv), [[1.0], [0.0]])
     assert estimators.needs_groups("reinforce") is False
     validate(PipelineConfig.from_dict({"rl": {"samples_per_prompt": 1, "estimator": "reinforce"}}))
+
+
+def test_maxrl_with_a_finite_sample_count_uses_the_truncated_weight():
+    # success [1, 0, 0, 0]: p̂ = 1/4; T = 4: w = (1 − (3/4)^4)/(1/4) = 175/64, A = w·(s − 1/4).
+    success = jnp.asarray([[1.0, 0.0, 0.0, 0.0]])
+    valid = jnp.ones((1, 4), bool)
+    adv, _ = estimators.make_estimator("maxrl", num_samples=4).update(success, valid, success, ())
+    np.testing.assert_allclose(np.asarray(adv), 175 / 64 * np.asarray([[0.75, -0.25, -0.25, -0.25]]), rtol=1e-6)
+    # T = 1 is Dr.GRPO; a large T approaches 1/p̂; shaping keeps its plain baseline.
+    adv, _ = estimators.make_estimator("maxrl", num_samples=1).update(success, valid, success, ())
+    np.testing.assert_allclose(np.asarray(adv), np.asarray(advantages.grpo(success, scale="none")), rtol=1e-6)
+    adv, _ = estimators.make_estimator("maxrl", num_samples=200).update(success, valid, success, ())
+    np.testing.assert_allclose(np.asarray(adv), np.asarray(advantages.maxrl(success)), rtol=1e-4)
+    adv, _ = estimators.make_estimator("maxrl", num_samples=4).update(
+        jnp.asarray([[-1.0, 0, 0, 0]]), valid, jnp.zeros((1, 4)), ())
+    np.testing.assert_allclose(np.asarray(adv), [[-0.75, 0.25, 0.25, 0.25]], atol=1e-6)
+    with pytest.raises(ValueError, match="num_samples"):
+        estimators.make_estimator("maxrl", num_samples=0)
+    from experiments.config_files import apply_overrides
+    from jaxrl_vr.train.config import PipelineConfig
+
+    tree = apply_overrides({}, [("rl.estimator", "maxrl"), ("rl.estimator.num_samples", "8")])
+    assert PipelineConfig.from_dict(tree).rl.estimator.settings.num_samples == 8
