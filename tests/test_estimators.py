@@ -148,7 +148,8 @@ def test_passk_estimators_at_k1_are_reinforce_over_g_and_grpo_with_population_st
     r = np.asarray(PASSK_REWARDS[:2])
     pkpo = estimators.make_estimator("pkpo", k=1)
     adv, _ = pkpo.update(r, jnp.ones(r.shape, bool), r, pkpo.init())
-    np.testing.assert_allclose(np.asarray(adv), r / 4, atol=1e-7)
+    # k = 1: REINFORCE without a baseline (advantages.reinforce(baseline="none")) over n = 4.
+    np.testing.assert_allclose(np.asarray(adv), np.asarray(advantages.reinforce(r, baseline="none")) / 4, atol=1e-7)
     training = estimators.make_estimator("passk_training", k=1)
     adv, _ = training.update(r, jnp.ones(r.shape, bool), r, training.init())
     np.testing.assert_allclose(np.asarray(adv), (r - r.mean(1, keepdims=True)) / r.std(1, keepdims=True),
