@@ -7,9 +7,9 @@ clip when the measured entropy Ĥ leaves a target H*,
 
 so clip-higher widens when the policy is collapsing and (with k_min < 0) tightens when its
 entropy runs above target. k is relative to ε_high, so δ, k_min and k_max mean the same on
-every ratio scale: δ = 0.05 moves a token ratio's ε_high = 0.28 by 0.014 and GSPO's
-sequence ratio's 4e-4 by 2e-5 (an absolute δ = 0.01 would widen the latter ~26× in one
-step). k_min ≥ −1 keeps ε_high·(1 + k) ≥ 0. k = 0 is exactly the plain clip 1 + ε_high:
+every ratio scale: δ = 0.01 moves a token ratio's ε_high = 0.28 by 0.0028 and GSPO's
+sequence ratio's 4e-4 by 4e-6 (the same δ added to ε_high itself would widen the latter
+~26× in one step). k_min ≥ −1 keeps ε_high·(1 + k) ≥ 0. k = 0 is exactly the plain clip 1 + ε_high:
 switching the controller on changes nothing until it acts. It is an `(init, update)`
 pair over a NamedTuple of arrays, like an optax transformation (jit-friendly, saved with
 the checkpoint).

@@ -105,9 +105,9 @@ class LossConfig:
     entropy: str = "none"
     entropy_coef: float = 0.0
     entropy_target: float = 0.5
-    entropy_step_size: float = 0.05
+    entropy_step_size: float = 0.01
     entropy_k_min: float = 0.0
-    entropy_k_max: float = 1.0
+    entropy_k_max: float = 0.5
     num_microbatches: int = 1
     logprob_chunk_size: int | None = None
     detach_behaviour: bool = False
@@ -188,9 +188,9 @@ class LossConfig:
             kl_beta=1.0 if kl_on else 0.0,
             entropy_coef=0.0,
             entropy_target=0.5,
-            entropy_step_size=0.05,
+            entropy_step_size=0.01,
             entropy_k_min=0.0,
-            entropy_k_max=1.0,
+            entropy_k_max=0.5,
         )
 
     @property
@@ -227,8 +227,8 @@ class StepHyper(NamedTuple):
         kl_beta=0.0,
         entropy_coef=0.0,
         entropy_target=0.5,
-        entropy_step_size=0.05,
-        entropy_k_max=1.0,
+        entropy_step_size=0.01,
+        entropy_k_max=0.5,
         temperature=1.0,
         entropy_k_min=0.0,
     ) -> "StepHyper":
