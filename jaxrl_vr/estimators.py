@@ -38,6 +38,7 @@ import dataclasses
 import functools
 from typing import Any, Callable, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -292,13 +293,16 @@ class PassKState(NamedTuple):
 
 def _passk_estimator(settings: PassKSettings, advantage_fn) -> Estimator:
     """An Estimator around ``advantage_fn(rewards, valid, success, k) -> adv`` whose state
-    counts the batches, so k follows ``passk.annealed_k`` (jittable, checkpointed)."""
+    counts the batches, so k follows ``passk.annealed_k`` (jittable, checkpointed). The
+    advantage is jitted once (k is traced), so an eager caller such as the trainer's batch
+    builder does not re-trace its loops every step."""
     schedule = functools.partial(passk.annealed_k, k=settings.k, k_end=settings.k_end,
                                  anneal_steps=settings.anneal_steps)
+    advantage = jax.jit(advantage_fn)
 
     def update(rewards_pg, valid_pg, success_pg, state, *, paired_p=None):
         del paired_p
-        adv_pg = advantage_fn(rewards_pg, valid_pg, success_pg, schedule(state.step))
+        adv_pg = advantage(rewards_pg, valid_pg, success_pg, schedule(state.step))
         return adv_pg, PassKState(step=(state.step + 1).astype(jnp.int32))
 
     def diagnostics(state) -> dict:  # the k of the last update
