@@ -72,18 +72,34 @@ def _safe_divide(centred_pg: jnp.ndarray, denominator: jnp.ndarray) -> jnp.ndarr
     return jnp.where(nonzero, centred_pg / jnp.where(nonzero, denominator, 1.0), 0.0)
 
 
-def reinforce(rewards_pg: Array, valid_pg: Array | None = None) -> jnp.ndarray:
-    """REINFORCE "advantage" A_i = R_i (no baseline), zero where invalid.
+REINFORCE_BASELINES = ("mean", "none")
+
+
+def reinforce(rewards_pg: Array, valid_pg: Array | None = None, *,
+              baseline: str = "mean") -> jnp.ndarray:
+    """REINFORCE advantage: the prompt weight w(p) = 1 of SPEC §3.2.
+
+      baseline="mean": A_i = R_i − R̄ over the group's valid samples (the same values as
+                       Dr.GRPO); a lone valid sample (K = 1) has no baseline to subtract and
+                       keeps R_i, so one sample per prompt still learns.
+      baseline="none": A_i = R_i (textbook REINFORCE).
 
     Args:
       rewards_pg: float [P, G] rewards.
       valid_pg: optional bool [P, G].
+      baseline: "mean" or "none" (static).
 
     Returns:
-      float32 [P, G].
+      float32 [P, G], zero where invalid (and for constant groups with "mean").
     """
+    if baseline not in REINFORCE_BASELINES:
+        raise ValueError(f"reinforce: baseline must be one of {REINFORCE_BASELINES}, got {baseline!r}.")
     rewards_pg, valid_pg = _prepare(rewards_pg, valid_pg, "reinforce")
-    return jnp.where(valid_pg, rewards_pg, 0.0)
+    if baseline == "none":
+        return jnp.where(valid_pg, rewards_pg, 0.0)
+    stats = group_stats(rewards_pg, valid_pg)
+    lone_p = stats.count_p < 2.0
+    return jnp.where(valid_pg & lone_p[:, None], rewards_pg, stats.centred_pg)
 
 
 def grpo(
@@ -139,6 +155,7 @@ def maxrl(
     *,
     success_pg: Array | None = None,
     eps: float = 1e-6,
+    num_samples: int | None = None,
 ) -> jnp.ndarray:
     """MaxRL advantage (Tajwar et al., arXiv 2602.02710), safe under reward shaping.
 
@@ -161,26 +178,36 @@ def maxrl(
     group's valid samples. Rewards [−1, 0, 0, 0] with successes [0, 0, 0, 0] give
     [−0.75, 0.25, 0.25, 0.25]; nothing is ever divided by a shaped mean.
 
+    ``num_samples=T`` replaces 1/p̂ by MaxRL's T-sample truncation
+    w_T(p̂) = (1 − (1 − p̂)^T)/p̂ (``weighting.maxrl_weight``; the utility is the pass@T
+    objective): T = 1 is Dr.GRPO's R − R̄, T → ∞ the untruncated weight. It is finite at
+    every p̂, so ``eps`` is not used then.
+
     Args:
       rewards_pg: float [P, G] rewards (shaped, when ``success_pg`` is given).
       valid_pg: optional bool [P, G].
       success_pg: optional float [P, G] verifier outcomes in [0, 1] (clipped to it).
       eps: added to the mean success (or mean reward) in the denominator.
+      num_samples: T ≥ 1 of the truncated weight, or None for 1/(p̂ + eps) (static).
 
     Returns:
       float32 [P, G]; 0 where invalid and for constant / K ≤ 1 groups.
     """
     rewards_pg, valid_pg = _prepare(rewards_pg, valid_pg, "maxrl")
-    if success_pg is None:
-        stats = group_stats(rewards_pg, valid_pg)
+
+    def weighted(stats: GroupStats) -> jnp.ndarray:
         positive_p = stats.mean_p > 0.0
-        denominator_p = jnp.where(positive_p, stats.mean_p + eps, 0.0)
-        return _safe_divide(stats.centred_pg, denominator_p[:, None])
+        if num_samples is None:
+            denominator_p = jnp.where(positive_p, stats.mean_p + eps, 0.0)
+            return _safe_divide(stats.centred_pg, denominator_p[:, None])
+        weight_p = weighting.maxrl_weight(jnp.clip(stats.mean_p, 0.0, 1.0), num_samples=num_samples)
+        return jnp.where(positive_p, weight_p, 0.0)[:, None] * stats.centred_pg
+
+    if success_pg is None:
+        return weighted(group_stats(rewards_pg, valid_pg))
     chex.assert_equal_shape([rewards_pg, success_pg])
     success_pg = jnp.clip(jnp.asarray(success_pg, jnp.float32), 0.0, 1.0)
-    success = group_stats(success_pg, valid_pg)
-    success_denominator_p = jnp.where(success.mean_p > 0.0, success.mean_p + eps, 0.0)
-    success_adv_pg = _safe_divide(success.centred_pg, success_denominator_p[:, None])
+    success_adv_pg = weighted(group_stats(success_pg, valid_pg))
     shaping_adv_pg = group_stats(rewards_pg - success_pg, valid_pg).centred_pg
     return success_adv_pg + shaping_adv_pg
 

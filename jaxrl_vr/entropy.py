@@ -1,12 +1,16 @@
 """Per-token policy entropy and the entropy-feedback clip controller (SPEC §3.6).
 
-The controller follows MAI-Thinking-1: a bounded integral state k raises the upper ratio
-clip when the measured entropy Ĥ falls below a target H*,
+The controller follows MAI-Thinking-1: a bounded integral state k moves the upper ratio
+clip when the measured entropy Ĥ leaves a target H*,
 
-    k ← clip(k + δ·sign(H* − Ĥ), 0, k_max),     upper clip = 1 + ε_high + k,
+    k ← clip(k + δ·sign(H* − Ĥ), k_min, k_max),     upper clip = 1 + ε_high·(1 + k),
 
-so clip-higher widens exactly when the policy is collapsing, and k = 0 is exactly the
-plain clip 1 + ε_high: switching the controller on changes nothing until it acts. It is an `(init, update)`
+so clip-higher widens when the policy is collapsing and (with k_min < 0) tightens when its
+entropy runs above target. k is relative to ε_high, so δ, k_min and k_max mean the same on
+every ratio scale: δ = 0.01 moves a token ratio's ε_high = 0.28 by 0.0028 and GSPO's
+sequence ratio's 4e-4 by 4e-6 (the same δ added to ε_high itself would widen the latter
+~26× in one step). k_min ≥ −1 keeps ε_high·(1 + k) ≥ 0. k = 0 is exactly the plain clip 1 + ε_high:
+switching the controller on changes nothing until it acts. It is an `(init, update)`
 pair over a NamedTuple of arrays, like an optax transformation (jit-friendly, saved with
 the checkpoint).
 """
@@ -60,7 +64,8 @@ class EntropyControllerState(NamedTuple):
     """State of the entropy-feedback controller.
 
     Attributes:
-        k: float32 scalar, the bounded integral term added to the upper clip, in [0, k_max].
+        k: float32 scalar, the bounded integral term, in [k_min, k_max]: the upper clip is
+            1 + ε_high·(1 + k).
         count: int32 scalar, number of updates applied.
     """
 
@@ -81,18 +86,21 @@ def entropy_controller_update(
     target: float | jax.Array,
     step_size: float | jax.Array,
     k_max: float | jax.Array,
+    k_min: float | jax.Array = 0.0,
 ) -> EntropyControllerState:
-    """One controller step: k ← clip(k + δ·sign(H* − Ĥ), 0, k_max) (MAI-Thinking-1).
+    """One controller step: k ← clip(k + δ·sign(H* − Ĥ), k_min, k_max) (MAI-Thinking-1).
 
     Entropy below target (collapse) raises k, widening the upper clip; above target lowers
-    it. Ĥ exactly at target leaves k unchanged.
+    it, down to k_min (0: back to the plain clip; −1 ≤ k_min < 0: below it). Ĥ exactly at
+    target leaves k unchanged. δ, k_min and k_max are fractions of ε_high.
 
     Args:
         state: current EntropyControllerState.
         entropy: Ĥ, float scalar: the measured mean token entropy of the last batch.
         target: H*, the target entropy (nats).
-        step_size: δ ≥ 0.
-        k_max: upper bound of k.
+        step_size: δ ≥ 0, relative to ε_high.
+        k_max: upper bound of k (ε_high in force ≤ ε_high·(1 + k_max)).
+        k_min: lower bound of k in [−1, 0] (ε_high in force ≥ ε_high·(1 + k_min)).
 
     Returns:
         The new EntropyControllerState.
@@ -101,13 +109,13 @@ def entropy_controller_update(
     chex.assert_rank(entropy, 0)
     error = jnp.asarray(target, jnp.float32) - entropy  # H* − Ĥ
     step = jnp.asarray(step_size, jnp.float32) * jnp.sign(error)
-    k = jnp.clip(state.k + step, 0.0, jnp.asarray(k_max, jnp.float32))
+    k = jnp.clip(state.k + step, jnp.asarray(k_min, jnp.float32), jnp.asarray(k_max, jnp.float32))
     return EntropyControllerState(k=k, count=state.count + 1)
 
 
 def controlled_upper_clip(state: EntropyControllerState,
                           eps_high: float | jax.Array) -> jax.Array:
-    """Upper ratio clip bound 1 + ε_high + k (MAI-Thinking-1; SPEC §3.6), float32 scalar.
+    """Upper ratio clip bound 1 + ε_high·(1 + k) (MAI-Thinking-1; SPEC §3.6), float32 scalar.
 
     With k = 0 this is exactly the plain upper clip 1 + ε_high of
     `losses.clipped_surrogate`, so the controller is neutral until it acts. The trainer
@@ -124,5 +132,6 @@ def controlled_upper_clip(state: EntropyControllerState,
 
 
 def controlled_eps_high(state: EntropyControllerState, eps_high: float | jax.Array) -> jax.Array:
-    """ε_high + k: the eps_high to pass to `losses.clipped_surrogate` (ε_high at k = 0)."""
-    return jnp.asarray(eps_high, jnp.float32) + state.k
+    """ε_high·(1 + k): the eps_high to pass to `losses.clipped_surrogate` (ε_high at k = 0)."""
+    eps_high = jnp.asarray(eps_high, jnp.float32)
+    return eps_high + eps_high * state.k

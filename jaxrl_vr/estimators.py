@@ -11,7 +11,8 @@ branches on its name::
 verifier's own success in [0, 1] (what pass rates are made of), ``valid_pg`` marks the
 real samples of ragged groups, and the keyword ``paired_p`` (bool [P], optional) marks
 rows that form (q⁺, q⁻) prompt pairs in rows (2i, 2i + 1) (only Weighted GRPO reads it).
-``diagnostics(state)`` gives scalars to log (CurveRL's window fill). The formulas live in
+``diagnostics(state)`` gives scalars to log (CurveRL's window fill, the k of the pass@k
+objectives). The formulas live in
 ``jaxrl_vr.advantages``; this module only adapts them to the one signature.
 
 Adding an estimator is one function, its settings dataclass and one registry line::
@@ -37,10 +38,11 @@ import dataclasses
 import functools
 from typing import Any, Callable, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_vr import advantages
+from jaxrl_vr import advantages, passk
 from jaxrl_vr.registry import Entry, NoSettings, Registry
 
 __all__ = ["ESTIMATORS", "Entry", "Estimator", "EstimatorContext", "make_estimator",
@@ -94,22 +96,42 @@ def _loo(settings: NoSettings, context: EstimatorContext) -> Estimator:
     return stateless(lambda r, v, s: advantages.loo(r, v))
 
 
-def _reinforce(settings: NoSettings, context: EstimatorContext) -> Estimator:
-    """REINFORCE with the group-mean baseline (w(p) = 1)."""
-    return stateless(lambda r, v, s: advantages.reinforce(r, v))
+@dataclasses.dataclass(frozen=True)
+class ReinforceSettings:
+    """baseline: "mean" (R − R̄; a lone sample keeps R) or "none" (R)."""
+
+    baseline: str = "mean"
+
+    def __post_init__(self):
+        if self.baseline not in advantages.REINFORCE_BASELINES:
+            raise ValueError(f"baseline={self.baseline!r} is not one of {advantages.REINFORCE_BASELINES}.")
+
+
+def _reinforce(settings: ReinforceSettings, context: EstimatorContext) -> Estimator:
+    """REINFORCE (w(p) = 1): R − R̄ with the group-mean baseline where a group has two or more
+    samples, R where it has one (so G = 1 trains); ``baseline="none"``: R."""
+    return stateless(lambda r, v, s: advantages.reinforce(r, v, baseline=settings.baseline))
 
 
 @dataclasses.dataclass(frozen=True)
 class MaxRLSettings:
-    """eps: added to the mean success in MaxRL's denominator."""
+    """eps: added to the mean success in MaxRL's denominator.
+    num_samples: T of MaxRL's truncated weight (1 − (1−p)^T)/p; None = 1/p."""
 
     eps: float = 1e-6
+    num_samples: int | None = None
+
+    def __post_init__(self):
+        if self.num_samples is not None and self.num_samples < 1:
+            raise ValueError(f"num_samples (T) must be >= 1 or None (untruncated), got {self.num_samples}.")
 
 
 def _maxrl(settings: MaxRLSettings, context: EstimatorContext) -> Estimator:
-    """MaxRL (arXiv 2602.02710): the verifier-success part gets (s − s̄)/(s̄ + eps), the
-    shaping part (rewards − success) a plain baseline (``advantages.maxrl``)."""
-    return stateless(lambda r, v, s: advantages.maxrl(r, v, success_pg=s, eps=settings.eps))
+    """MaxRL (arXiv 2602.02710): the verifier-success part gets (s − s̄)/(s̄ + eps), or with
+    ``num_samples`` T the truncated weight (1 − (1−s̄)^T)/s̄ times (s − s̄); the shaping part
+    (rewards − success) a plain baseline (``advantages.maxrl``)."""
+    return stateless(lambda r, v, s: advantages.maxrl(r, v, success_pg=s, eps=settings.eps,
+                                                      num_samples=settings.num_samples))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +189,10 @@ class PairWeightedSettings:
         if getattr(rl, "pairing", None) is None:
             raise ValueError("rl.estimator.name='pair_weighted' normalises (q+, q-) prompt pairs: "
                              "switch pairing on (set a key of rl.pairing, e.g. rl.pairing.neg_c=2).")
+        if getattr(rl.pairing, "select", "pairs") != "pairs":
+            raise ValueError(f"rl.estimator.name='pair_weighted' weights (q+, q-) pairs, but "
+                             f"rl.pairing.select={rl.pairing.select!r} forms none (every row would get plain "
+                             "GRPO); use rl.estimator=grpo for the variance baseline, or rl.pairing.select=pairs.")
 
 
 def _pair_weighted(settings: PairWeightedSettings, context: EstimatorContext) -> Estimator:
@@ -195,14 +221,122 @@ def _pair_weighted(settings: PairWeightedSettings, context: EstimatorContext) ->
     return Estimator(init=lambda: (), update=update)
 
 
+@dataclasses.dataclass(frozen=True)
+class PassKSettings:
+    """The k of a pass@k objective and its annealing schedule (``passk.annealed_k``).
+
+    Attributes:
+      k: the k of pass@k, at the start of the schedule (1 <= k <= rl.samples_per_prompt).
+      k_end: the k the schedule ends at; None = k throughout.
+      anneal_steps: batches over which k moves linearly (rounded) from k to k_end.
+    """
+
+    k: int = 4
+    k_end: int | None = None
+    anneal_steps: int = 0
+
+    def __post_init__(self):
+        if self.k < 1 or (self.k_end is not None and self.k_end < 1):
+            raise ValueError(f"k and k_end must be >= 1, got {self.k}, {self.k_end}.")
+        if self.anneal_steps < 0:
+            raise ValueError(f"anneal_steps must be >= 0, got {self.anneal_steps}.")
+        if self.k_end is not None and self.k_end != self.k and self.anneal_steps < 1:
+            raise ValueError(f"k_end={self.k_end} needs anneal_steps >= 1: the batches over which k "
+                             f"moves from {self.k} to {self.k_end}.")
+
+    @property
+    def max_k(self) -> int:
+        return max(self.k, self.k if self.k_end is None else self.k_end)
+
+    def _keys(self) -> str:
+        return "rl.estimator.k" + ("" if self.k_end is None else " / rl.estimator.k_end")
+
+    def check(self, rl) -> None:
+        if self.max_k > rl.samples_per_prompt:
+            raise ValueError(
+                f"{self._keys()} = {self.max_k} exceeds rl.samples_per_prompt={rl.samples_per_prompt}: "
+                f"pass@k is estimated from subsets of a prompt's samples; lower it to <= "
+                f"{rl.samples_per_prompt} or raise rl.samples_per_prompt to >= {self.max_k}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class PKPOSettings(PassKSettings):
+    """PKPO's k schedule, and baseline: "loo_minus_one" (the paper's s^(loo−1)) or "none"."""
+
+    baseline: str = "loo_minus_one"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.baseline not in passk.PKPO_BASELINES:
+            raise ValueError(f"baseline={self.baseline!r} is not one of {passk.PKPO_BASELINES}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class PassKTrainingSettings(PassKSettings):
+    """Pass@k Training's k schedule; k must stay below G (at k = G every advantage is 0)."""
+
+    def check(self, rl) -> None:
+        super().check(rl)
+        if self.max_k >= rl.samples_per_prompt:
+            raise ValueError(
+                f"rl.estimator.name='passk_training' with {self._keys()} = {self.max_k} = "
+                f"rl.samples_per_prompt: every prompt with a correct sample has pass@k estimate 1 "
+                f"and every advantage is 0; lower it to <= {rl.samples_per_prompt - 1} or raise "
+                "rl.samples_per_prompt.")
+
+
+class PassKState(NamedTuple):
+    """The clock of a pass@k estimator's k schedule."""
+
+    step: jnp.ndarray  # int32 []: batches seen
+
+
+def _passk_estimator(settings: PassKSettings, advantage_fn) -> Estimator:
+    """An Estimator around ``advantage_fn(rewards, valid, success, k) -> adv`` whose state
+    counts the batches, so k follows ``passk.annealed_k`` (jittable, checkpointed). The
+    advantage is jitted once (k is traced), so an eager caller such as the trainer's batch
+    builder does not re-trace its loops every step."""
+    schedule = functools.partial(passk.annealed_k, k=settings.k, k_end=settings.k_end,
+                                 anneal_steps=settings.anneal_steps)
+    advantage = jax.jit(advantage_fn)
+
+    def update(rewards_pg, valid_pg, success_pg, state, *, paired_p=None):
+        del paired_p
+        adv_pg = advantage(rewards_pg, valid_pg, success_pg, schedule(state.step))
+        return adv_pg, PassKState(step=(state.step + 1).astype(jnp.int32))
+
+    def diagnostics(state) -> dict:  # the k of the last update
+        return {"k": float(schedule(jnp.maximum(jnp.asarray(state.step) - 1, 0)))}
+
+    return Estimator(init=lambda: PassKState(step=jnp.zeros((), jnp.int32)), update=update,
+                     diagnostics=diagnostics)
+
+
+def _pkpo(settings: PKPOSettings, context: EstimatorContext) -> Estimator:
+    """PKPO (Walder & Karkhanis, arXiv 2505.15201): unbiased pass@k gradient weights of the
+    verifier success (continuous scores through the sorted maxg@k form), the shaping part
+    with a plain baseline (``passk.pkpo``)."""
+    return _passk_estimator(settings, lambda r, v, s, k: passk.pkpo(
+        r, v, k=k, success_pg=s, baseline=settings.baseline, max_k=settings.max_k))
+
+
+def _passk_training(settings: PassKTrainingSettings, context: EstimatorContext) -> Estimator:
+    """Pass@k Training (Chen et al., arXiv 2508.10751): the analytical pass@k group advantage
+    of the success bits (success >= the run's threshold), shaping with a plain baseline."""
+    return _passk_estimator(settings, lambda r, v, s, k: passk.passk_training(
+        r, v, k=k, success_pg=s, success_threshold=context.success_threshold, max_k=settings.max_k))
+
+
 ESTIMATORS = Registry("advantage estimator", {
     "grpo": _grpo,
     "dr_grpo": _dr_grpo,
     "loo": _loo,
-    "reinforce": _reinforce,
+    "reinforce": Entry(_reinforce, ReinforceSettings),
     "maxrl": Entry(_maxrl, MaxRLSettings),
     "curverl": Entry(_curverl, CurveRLSettings),
     "pair_weighted": Entry(_pair_weighted, PairWeightedSettings),
+    "pkpo": Entry(_pkpo, PKPOSettings),
+    "passk_training": Entry(_passk_training, PassKTrainingSettings),
 })
 
 

@@ -126,9 +126,19 @@ class HandComputedTest(parameterized.TestCase):
     @chex.variants(with_jit=True, without_jit=True)
     def test_reinforce(self):
         valid = jnp.array([[True, True, False, True]] * 3)
-        adv = self.variant(advantages.reinforce)(self.rewards * 3.0, valid)
+        adv = self.variant(functools.partial(advantages.reinforce, baseline="none"))(self.rewards * 3.0, valid)
         expected = np.where(np.asarray(valid), np.asarray(self.rewards) * 3.0, 0.0)
         chex.assert_trees_all_equal(adv, jnp.asarray(expected, jnp.float32))
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_reinforce_subtracts_the_group_mean_as_documented(self):
+        # Row 0: K = 3 of {3, 0, 1}: mean 4/3 -> [5/3, -4/3, 0, -1/3]. Row 1: K = 1 keeps its
+        # reward (no baseline exists). Row 2: constant -> 0.
+        rewards = jnp.array([[3.0, 0.0, 7.0, 1.0], [2.0, 5.0, 5.0, 5.0], [1.0, 1.0, 1.0, 1.0]])
+        valid = jnp.array([[True, True, False, True], [True, False, False, False], [True] * 4])
+        adv = self.variant(advantages.reinforce)(rewards, valid)
+        np.testing.assert_allclose(np.asarray(adv), [[5 / 3, -4 / 3, 0, -1 / 3], [2, 0, 0, 0], [0] * 4],
+                                   rtol=1e-6)
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_ragged_hand_computed(self):

@@ -1,5 +1,6 @@
 """Tests for jaxrl_vr.entropy: per-token entropy and the entropy-feedback controller."""
 
+import functools
 import math
 
 import chex
@@ -113,11 +114,38 @@ class EntropyControllerTest(chex.TestCase):
         neutral = entropy.entropy_controller_init()
         self.assertEqual(float(eps_high(neutral, jnp.float32(0.28))), float(jnp.float32(0.28)))
         np.testing.assert_allclose(upper(neutral, jnp.float32(0.28)), 1.28, rtol=1e-7)
-        # k = 0.1, eps = 0.2: bound 1 + 0.2 + 0.1 = 1.3; eps_high for the surrogate 0.3.
-        state = entropy.entropy_controller_init(k_init=0.1)
+        # k = 0.5 (relative), eps = 0.2: eps_high for the surrogate 0.2·1.5 = 0.3, bound 1.3.
+        state = entropy.entropy_controller_init(k_init=0.5)
         np.testing.assert_allclose(upper(state, jnp.float32(0.2)), 1.3, rtol=1e-6)
         np.testing.assert_allclose(eps_high(state, jnp.float32(0.2)), 0.3, rtol=1e-6)
         self.assertEqual(eps_high(state, jnp.float32(0.2)).dtype, jnp.float32)
+
+    def test_one_step_moves_the_clip_by_a_fraction_of_eps_high_on_every_ratio_scale(self):
+        # With the loss defaults, one step below target widens GSPO's ε_high = 4e-4 by δ·4e-4
+        # (not by an absolute 0.01, ~26×), and a token ratio's 0.28 by δ·0.28.
+        from jaxrl_vr.train.step import LossConfig
+        for ratio, eps in (("sequence", 4e-4), ("token", 0.28)):
+            hyper = LossConfig(ratio=ratio, entropy="feedback").hyper()
+            state = entropy.entropy_controller_update(
+                entropy.entropy_controller_init(), jnp.float32(0.0), target=hyper.entropy_target,
+                step_size=hyper.entropy_step_size, k_max=hyper.entropy_k_max)
+            widened = float(entropy.controlled_eps_high(state, hyper.eps_high))
+            np.testing.assert_allclose(widened, eps * (1 + float(hyper.entropy_step_size)), rtol=1e-5)
+            self.assertLessEqual(widened, 1.1 * eps)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_bounded_tightening_below_eps_high(self):
+        update = self.variant(functools.partial(entropy.entropy_controller_update, target=jnp.float32(1.0),
+                                                step_size=jnp.float32(0.2), k_max=jnp.float32(1.0),
+                                                k_min=jnp.float32(-0.5)))
+        state, trace = entropy.entropy_controller_init(), []
+        for _ in range(4):  # entropy above target: k = -0.2, -0.4, then the bound -0.5
+            state = update(state, jnp.float32(2.0))
+            trace.append(float(entropy.controlled_eps_high(state, jnp.float32(4e-4))))
+        np.testing.assert_allclose(trace, [3.2e-4, 2.4e-4, 2e-4, 2e-4], rtol=1e-5)
+        from jaxrl_vr.train.step import LossConfig
+        with pytest.raises(ValueError, match="entropy_k_min"):
+            LossConfig(entropy="feedback", entropy_k_min=-1.5)
 
     def test_neutral_controller_leaves_the_surrogate_unchanged(self):
         from jaxrl_vr import losses

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_vr import advantages, estimators
+from jaxrl_vr import advantages, estimators, passk
 
 REWARDS = jnp.asarray([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0]], jnp.float32)
 VALID = jnp.asarray([[True, True, True, True], [True, True, True, False]])
@@ -100,7 +100,8 @@ def test_adding_an_estimator_is_one_function_one_settings_dataclass_one_registry
 
 
 @pytest.mark.parametrize("name,expected", [("grpo", True), ("loo", True), ("curverl", True),
-                                           ("maxrl", True), ("pair_weighted", True)])
+                                           ("maxrl", True), ("pair_weighted", True),
+                                           ("passk_training", True)])
 def test_needs_groups_is_measured_not_listed(name, expected):
     assert estimators.needs_groups(name) is expected
 
@@ -118,3 +119,133 @@ def test_curverl_reports_its_window_fill():
     _, state = est.update(REWARDS, VALID, REWARDS, state)
     assert 0.0 < est.diagnostics(state)["window_fill"] <= 1.0
     assert estimators.make_estimator("grpo").diagnostics(()) == {}
+
+
+# ------------------------------------------------------------------ pass@k objectives
+
+PASSK_REWARDS = jnp.asarray([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0], [1.0, 1.0, 0.0, 9.0]])
+PASSK_VALID = jnp.asarray([[True] * 4, [True] * 4, [True, True, True, False]])
+
+
+@pytest.mark.parametrize("name,reference", [
+    ("pkpo", lambda r, v, k: passk.pkpo(r, v, k=k, success_pg=r)),
+    ("passk_training", lambda r, v, k: passk.passk_training(r, v, k=k, success_pg=r)),
+])
+def test_passk_estimators_call_their_formula_eager_and_jitted(name, reference):
+    est = estimators.make_estimator(name, k=2)
+    state = est.init()
+    adv, new_state = est.update(PASSK_REWARDS, PASSK_VALID, PASSK_REWARDS, state)
+    adv_jit, state_jit = jax.jit(est.update)(PASSK_REWARDS, PASSK_VALID, PASSK_REWARDS, state)
+    expected = np.asarray(reference(PASSK_REWARDS, PASSK_VALID, 2))
+    np.testing.assert_allclose(np.asarray(adv), expected, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(adv_jit), expected, atol=1e-6)
+    assert int(new_state.step) == int(state_jit.step) == 1
+    assert np.any(expected != 0.0) and np.all(expected[2, 3] == 0.0)
+    assert est.diagnostics(new_state) == {"k": 2.0}
+
+
+def test_passk_estimators_at_k1_are_reinforce_over_g_and_grpo_with_population_std():
+    r = np.asarray(PASSK_REWARDS[:2])
+    pkpo = estimators.make_estimator("pkpo", k=1)
+    adv, _ = pkpo.update(r, jnp.ones(r.shape, bool), r, pkpo.init())
+    # k = 1: REINFORCE without a baseline (advantages.reinforce(baseline="none")) over n = 4.
+    np.testing.assert_allclose(np.asarray(adv), np.asarray(advantages.reinforce(r, baseline="none")) / 4, atol=1e-7)
+    training = estimators.make_estimator("passk_training", k=1)
+    adv, _ = training.update(r, jnp.ones(r.shape, bool), r, training.init())
+    np.testing.assert_allclose(np.asarray(adv), (r - r.mean(1, keepdims=True)) / r.std(1, keepdims=True),
+                               rtol=1e-5)
+
+
+def test_k_anneals_over_the_state_clock_without_recompiling():
+    # k = 4 -> 1 over 3 batches: 4 + round(-3·t/3) = 4, 3, 2, 1, then 1.
+    est = estimators.make_estimator("pkpo", k=4, k_end=1, anneal_steps=3)
+    update = jax.jit(est.update)
+    state, seen = est.init(), []
+    rewards = jnp.asarray([[0.1, 0.4, 0.2, 0.8]])
+    for expected_k in (4, 3, 2, 1, 1):
+        adv, state = update(rewards, jnp.ones((1, 4), bool), rewards, state)
+        seen.append(est.diagnostics(state)["k"])
+        np.testing.assert_allclose(np.asarray(adv), np.asarray(passk.pkpo(rewards, k=expected_k)), atol=1e-6)
+    assert seen == [4.0, 3.0, 2.0, 1.0, 1.0]
+    assert update._cache_size() == 1
+    np.testing.assert_array_equal([int(passk.annealed_k(t, k=2, k_end=8, anneal_steps=4)) for t in range(6)],
+                                  [2, 4, 5, 7, 8, 8])  # 2 + round(1.5·t), halves up
+
+
+def test_passk_settings_reject_what_cannot_work():
+    with pytest.raises(ValueError, match="anneal_steps"):
+        estimators.make_estimator("pkpo", k=4, k_end=1)
+    with pytest.raises(ValueError, match="k and k_end"):
+        estimators.make_estimator("passk_training", k=0)
+    with pytest.raises(ValueError, match="baseline"):
+        estimators.make_estimator("pkpo", baseline="loo")
+
+
+def test_passk_k_above_the_group_size_is_a_config_error_naming_the_fix():
+    from jaxrl_vr.train.config import PipelineConfig, validate
+
+    def cfg(name, **settings):
+        return PipelineConfig.from_dict({"rl": {"samples_per_prompt": 4, "estimator": {"name": name, **settings}}})
+
+    with pytest.raises(ValueError, match=r"rl.estimator.k = 8 exceeds rl.samples_per_prompt=4.*lower it to <= 4"):
+        validate(cfg("pkpo", k=8))
+    with pytest.raises(ValueError, match=r"k_end = 6 exceeds"):
+        validate(cfg("pkpo", k=2, k_end=6, anneal_steps=5))
+    with pytest.raises(ValueError, match=r"every advantage is 0; lower it to <= 3"):
+        validate(cfg("passk_training", k=4))
+    validate(cfg("pkpo", k=4))  # k = G is PKPO's k = n
+    validate(cfg("passk_training", k=3, k_end=1, anneal_steps=10))
+
+
+def test_passk_estimators_are_reachable_from_command_line_keys():
+    from experiments.config_files import apply_overrides
+    from jaxrl_vr.train.config import PipelineConfig
+
+    tree = apply_overrides({}, [("rl.estimator.k", "2"), ("rl.estimator", "pkpo"),
+                                ("rl.estimator.k_end", "1"), ("rl.estimator.anneal_steps", "50")])
+    choice = PipelineConfig.from_dict(tree).rl.estimator
+    assert choice.name == "pkpo"
+    assert (choice.settings.k, choice.settings.k_end, choice.settings.anneal_steps) == (2, 1, 50)
+    tree = apply_overrides({}, [("rl.estimator", "passk_training"), ("rl.estimator.k", "3")])
+    assert PipelineConfig.from_dict(tree).rl.estimator.settings.k == 3
+
+
+def test_reinforce_is_r_minus_the_group_mean_and_still_trains_one_sample_per_prompt():
+    from jaxrl_vr.train.config import PipelineConfig, validate
+
+    rewards = jnp.asarray([[1.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+    adv, _ = estimators.make_estimator("reinforce").update(rewards, jnp.ones((2, 4), bool), rewards, ())
+    np.testing.assert_allclose(np.asarray(adv), [[0.5, -0.5, -0.5, 0.5], [0.75, -0.25, -0.25, -0.25]])
+    raw, _ = estimators.make_estimator("reinforce", baseline="none").update(
+        rewards, jnp.ones((2, 4), bool), rewards, ())
+    np.testing.assert_array_equal(np.asarray(raw), np.asarray(rewards))
+    # G = 1: no group to take a mean over; the advantage is the reward, not 0, and the
+    # config is not rejected as group-relative.
+    lone = jnp.asarray([[1.0], [0.0]])
+    adv, _ = estimators.make_estimator("reinforce").update(lone, jnp.ones((2, 1), bool), lone, ())
+    np.testing.assert_array_equal(np.asarray(adv), [[1.0], [0.0]])
+    assert estimators.needs_groups("reinforce") is False
+    validate(PipelineConfig.from_dict({"rl": {"samples_per_prompt": 1, "estimator": "reinforce"}}))
+
+
+def test_maxrl_with_a_finite_sample_count_uses_the_truncated_weight():
+    # success [1, 0, 0, 0]: p̂ = 1/4; T = 4: w = (1 − (3/4)^4)/(1/4) = 175/64, A = w·(s − 1/4).
+    success = jnp.asarray([[1.0, 0.0, 0.0, 0.0]])
+    valid = jnp.ones((1, 4), bool)
+    adv, _ = estimators.make_estimator("maxrl", num_samples=4).update(success, valid, success, ())
+    np.testing.assert_allclose(np.asarray(adv), 175 / 64 * np.asarray([[0.75, -0.25, -0.25, -0.25]]), rtol=1e-6)
+    # T = 1 is Dr.GRPO; a large T approaches 1/p̂; shaping keeps its plain baseline.
+    adv, _ = estimators.make_estimator("maxrl", num_samples=1).update(success, valid, success, ())
+    np.testing.assert_allclose(np.asarray(adv), np.asarray(advantages.grpo(success, scale="none")), rtol=1e-6)
+    adv, _ = estimators.make_estimator("maxrl", num_samples=200).update(success, valid, success, ())
+    np.testing.assert_allclose(np.asarray(adv), np.asarray(advantages.maxrl(success)), rtol=1e-4)
+    adv, _ = estimators.make_estimator("maxrl", num_samples=4).update(
+        jnp.asarray([[-1.0, 0, 0, 0]]), valid, jnp.zeros((1, 4)), ())
+    np.testing.assert_allclose(np.asarray(adv), [[-0.75, 0.25, 0.25, 0.25]], atol=1e-6)
+    with pytest.raises(ValueError, match="num_samples"):
+        estimators.make_estimator("maxrl", num_samples=0)
+    from experiments.config_files import apply_overrides
+    from jaxrl_vr.train.config import PipelineConfig
+
+    tree = apply_overrides({}, [("rl.estimator", "maxrl"), ("rl.estimator.num_samples", "8")])
+    assert PipelineConfig.from_dict(tree).rl.estimator.settings.num_samples == 8

@@ -47,7 +47,8 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
 
     # --- training
     s.methods = d.methods  # comma-separated method names; tokens joined by "+" (see below)
-    # estimators (jaxrl_vr.estimators): grpo dr_grpo loo maxrl curverl reinforce pair_weighted;
+    # estimators (jaxrl_vr.estimators): grpo dr_grpo loo maxrl curverl reinforce pair_weighted
+    # pkpo passk_training;
     # selections: uniform dapo (dynamic) two_stage pairing; regulariser: pba.
     # e.g. "grpo,maxrl,curverl,pba,pairing,dapo,two_stage,curverl+pba"
     s.steps = d.steps  # training steps (one batch and one optimizer update each)
@@ -61,6 +62,7 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     # --- estimators (jaxrl_vr.advantages)
     s.curverl_window = d.curverl_window  # t0: CurveRL's lagged reference window (batches)
     s.maxrl_eps = d.maxrl_eps  # eps of MaxRL's (R - mean)/(mean + eps)
+    s.passk_k = d.passk_k  # k of the pass@k objectives pkpo and passk_training (<= group_size)
 
     # --- PBA anchored KL (selection.anchor; kl.estimate)
     s.pba_coef = d.pba_coef  # λ of the anchored KL (its own value, not a global β)

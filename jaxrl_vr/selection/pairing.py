@@ -13,6 +13,12 @@ and the data position advances. Success is decided where rewards are binarised (
 tracker's ``success_threshold``). The thresholds, c and λ_neg are configurable; the
 published values are not known. The advantage side is
 ``jaxrl_vr.advantages.pair_weighted``.
+
+Two switches reproduce the paper's set-up and its baseline: ``fixed_prompts=n`` trains on
+one small set of n prompts (n/2 pairs) chosen once from the calibrated rates and repeated
+every step (the paper's "single paired minibatch per update"), and ``select="variance"``
+picks the prompts with the highest tracked reward variance p(1 − p) instead of pairs
+(the variance-based selection the paper compares against; ``variance_order``).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 import numpy as np
 
 __all__ = [
+    "PAIRING_SELECTIONS",
     "PairPools",
     "PairedPromptSource",
     "PairedSource",
@@ -30,9 +37,11 @@ __all__ = [
     "pairs_from_tracker",
     "select_pairs",
     "tracker_rates",
+    "variance_order",
 ]
 
 _EPS = 1e-9  # rates are ratios of counts; compare band edges with a tiny tolerance
+PAIRING_SELECTIONS = ("pairs", "variance")
 
 
 class PairPools(NamedTuple):
@@ -127,6 +136,23 @@ def select_pairs(
     return np.stack([pos, neg], axis=1).astype(np.int64)
 
 
+def variance_order(rng: np.random.Generator, rate_p: Any, measured_p: Any) -> np.ndarray:
+    """Measured prompts with 0 < rate < 1, by reward variance p(1 − p), highest first.
+
+    The variance-based prompt selection that Weighted GRPO (arXiv 2602.03452) compares
+    against. Ties (equal rates) are broken by a permutation drawn from ``rng``, so equally
+    uncertain prompts take turns instead of the lowest indices always winning.
+
+    Returns:
+      int64 [M] prompt indices, M = the number of such prompts.
+    """
+    rate = np.asarray(rate_p, np.float64).reshape(-1)
+    candidates = np.flatnonzero(np.asarray(measured_p, bool).reshape(-1) & (rate > _EPS) & (rate < 1 - _EPS))
+    tiebreak = rng.permutation(candidates.size)
+    variance = np.round(rate[candidates] * (1.0 - rate[candidates]), 12)  # p and 1 − p tie
+    return candidates[np.lexsort((tiebreak, -variance))].astype(np.int64)
+
+
 def pairs_from_tracker(
     tracker: Any,
     rng: np.random.Generator,
@@ -180,13 +206,14 @@ class PromptChoice(NamedTuple):
     [num_pairs, 2] (and the rollout rows to [num_pairs, 2, G] for ``pair_weighted``).
     """
 
-    idx_p: np.ndarray  # int64 [P], distinct prompt indices
+    idx_p: np.ndarray  # int64 [P], distinct prompt indices (a fixed set repeats whole)
     is_pair_p: np.ndarray  # bool [P]: True for the first 2·num_pairs rows
     num_pairs: int
 
 
 _STATE_VERSION = 1
 _SEED_TAG = 2602  # separates the pair draw's stream from the data order's
+_FIXED_TAG = 3452  # the one draw of the fixed prompt set
 
 
 class PairedPromptSource:
@@ -220,6 +247,12 @@ class PairedPromptSource:
       explore_frac: fraction of each batch taken from the data order (≥ 0; 0 = only
         when the pools run short, and then the data position stalls).
       strategy: ``"random"`` or ``"extreme"``.
+      select: ``"pairs"`` (the above) or ``"variance"``: step 2-3 take the P − n_explore
+        measured prompts of highest p(1 − p) (``variance_order``), unpaired rows.
+      fixed_prompts: n > 0: at the first draw choose n prompts once (n/2 pairs, or the n of
+        highest variance) from the rates, then every step is that set repeated P/n times
+        (pairs keep their rows (2i, 2i + 1)); the data order is not read. ValueError if the
+        rates hold fewer than n candidates. 0 = draw every step.
     """
 
     def __init__(
@@ -235,6 +268,8 @@ class PairedPromptSource:
         pos_min: float = 0.0,
         explore_frac: float = 0.25,
         strategy: str = "random",
+        select: str = "pairs",
+        fixed_prompts: int = 0,
     ):
         if int(num_prompts) < 1:
             raise ValueError(f"num_prompts must be >= 1, got {num_prompts}.")
@@ -248,6 +283,14 @@ class PairedPromptSource:
             raise ValueError(f"strategy must be 'random' or 'extreme', got {strategy!r}.")
         if int(seed) < 0:
             raise ValueError(f"seed must be >= 0, got {seed}.")
+        if select not in PAIRING_SELECTIONS:
+            raise ValueError(f"select must be one of {PAIRING_SELECTIONS}, got {select!r}.")
+        fixed_prompts = int(fixed_prompts)
+        if fixed_prompts < 0 or (fixed_prompts and int(prompts_per_step) % fixed_prompts) or (
+                select == "pairs" and fixed_prompts % 2):
+            raise ValueError(
+                f"fixed_prompts={fixed_prompts} must be 0 (off) or a divisor of prompts_per_step="
+                f"{prompts_per_step}" + (", and even (pairs)" if select == "pairs" else "") + ".")
         # Validates the bands once, before any step.
         pairing_pools(np.zeros(1), np.zeros(1), group_size=group_size, neg_c=neg_c,
                       pos_max=pos_max, pos_min=pos_min)
@@ -258,15 +301,20 @@ class PairedPromptSource:
         self.seed = int(seed)
         self.neg_c, self.pos_max, self.pos_min = int(neg_c), float(pos_max), float(pos_min)
         self.explore_frac = float(explore_frac)
-        self.strategy = strategy
+        self.strategy, self.select, self.fixed_prompts = strategy, select, fixed_prompts
         self.data_position = 0
         self.num_draws = 0
+        self.fixed_idx: np.ndarray | None = None  # the fixed set, once chosen
+
+    @property
+    def num_selected(self) -> int:
+        """Rows per step chosen from the rates (the rest explore the data order)."""
+        return self.prompts_per_step - int(np.ceil(self.explore_frac * self.prompts_per_step - 1e-9))
 
     @property
     def max_pairs(self) -> int:
         """Pairs per step when both pools are large enough."""
-        num_explore = int(np.ceil(self.explore_frac * self.prompts_per_step - 1e-9))
-        return (self.prompts_per_step - num_explore) // 2
+        return self.num_selected // 2
 
     def data_order(self, epoch: int) -> np.ndarray:
         """The epoch's permutation of the pool (the unpaired trainer's data order)."""
@@ -302,15 +350,19 @@ class PairedPromptSource:
             raise ValueError(
                 f"rates_fn must return two arrays of shape ({self.num_prompts},), got "
                 f"{rate.shape} and {measured.shape}.")
-        pools = pairing_pools(rate, measured.astype(np.float64), group_size=self.group_size,
-                              neg_c=self.neg_c, pos_max=self.pos_max, pos_min=self.pos_min,
-                              min_count=1)
-        positive = pools.positive_p
-        negative = pools.negative_p & ~positive
+        if self.fixed_prompts:
+            return self._fixed_choice(rate, measured)
+        rng = np.random.default_rng([self.seed, int(step), self.num_draws, _SEED_TAG])
+        if self.select == "variance":
+            chosen = variance_order(rng, rate, measured)[:self.num_selected]
+            rest = self._take_data_order(self.prompts_per_step - chosen.size, set(chosen.tolist()))
+            self.num_draws += 1
+            return PromptChoice(np.asarray(chosen.tolist() + rest, np.int64),
+                                np.zeros(self.prompts_per_step, bool), 0)
+        positive, negative = self._pools(rate, measured)
         num_pairs = int(min(self.max_pairs, positive.sum(), negative.sum()))
         pairs = np.zeros((0, 2), np.int64)
         if num_pairs > 0:
-            rng = np.random.default_rng([self.seed, int(step), self.num_draws, _SEED_TAG])
             pairs = select_pairs(rng, PairPools(positive, negative), rate, num_pairs,
                                  strategy=self.strategy)
         paired = pairs.reshape(-1).tolist()
@@ -319,6 +371,39 @@ class PairedPromptSource:
         is_pair_p = np.arange(self.prompts_per_step) < len(paired)
         self.num_draws += 1
         return PromptChoice(idx_p, is_pair_p, num_pairs)
+
+    def _pools(self, rate: np.ndarray, measured: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        pools = pairing_pools(rate, measured.astype(np.float64), group_size=self.group_size,
+                              neg_c=self.neg_c, pos_max=self.pos_max, pos_min=self.pos_min,
+                              min_count=1)
+        return pools.positive_p, pools.negative_p & ~pools.positive_p
+
+    def _fixed_choice(self, rate: np.ndarray, measured: np.ndarray) -> PromptChoice:
+        """The fixed set (chosen at the first draw) repeated to fill the batch."""
+        size = self.fixed_prompts
+        if self.fixed_idx is None:
+            rng = np.random.default_rng([self.seed, _FIXED_TAG])
+            if self.select == "variance":
+                chosen = variance_order(rng, rate, measured)[:size]
+                need, found = f"{size} prompts with 0 < rate < 1", f"{chosen.size}"
+            else:
+                positive, negative = self._pools(rate, measured)
+                num = min(size // 2, int(positive.sum()), int(negative.sum()))
+                chosen = select_pairs(rng, PairPools(positive, negative), rate, num,
+                                      strategy=self.strategy).reshape(-1)
+                need, found = f"{size // 2} q+ and {size // 2} q- prompts", (
+                    f"{int(positive.sum())} q+ and {int(negative.sum())} q-")
+            if chosen.size < size:
+                raise ValueError(
+                    f"the fixed prompt set needs {need}, the tracked rates give {found}; lower "
+                    "rl.pairing.fixed_prompts, widen the bands (rl.pairing.pos_max, rl.pairing.neg_c) "
+                    "or calibrate more prompts.")
+            self.fixed_idx = np.asarray(chosen, np.int64)
+        repeats = self.prompts_per_step // size
+        is_pair = self.select == "pairs"
+        self.num_draws += 1
+        return PromptChoice(np.tile(self.fixed_idx, repeats), np.full(self.prompts_per_step, is_pair),
+                            self.prompts_per_step // 2 if is_pair else 0)
 
     # ------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -329,11 +414,12 @@ class PairedPromptSource:
             "seed": np.asarray(self.seed, np.int64),
             "data_position": np.asarray(self.data_position, np.int64),
             "num_draws": np.asarray(self.num_draws, np.int64),
+            "fixed_idx": np.zeros(0, np.int64) if self.fixed_idx is None else self.fixed_idx.copy(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores ``state_dict()`` output; checks pool size and seed first."""
-        missing = set(self.state_dict()) - set(state)
+        missing = set(self.state_dict()) - set(state) - {"fixed_idx"}  # absent before the fixed mode
         if missing:
             raise KeyError(f"pairing checkpoint is missing keys {sorted(missing)}.")
         if int(np.asarray(state["num_prompts"])) != self.num_prompts:
@@ -344,8 +430,13 @@ class PairedPromptSource:
             raise ValueError(
                 f"pairing checkpoint seed {int(np.asarray(state['seed']))} != {self.seed}; "
                 "resume with the run's seed.")
+        fixed = np.asarray(state.get("fixed_idx", np.zeros(0)), np.int64).reshape(-1)
+        if fixed.size and fixed.size != self.fixed_prompts:
+            raise ValueError(f"pairing checkpoint holds a fixed set of {fixed.size} prompts, this source "
+                             f"fixed_prompts={self.fixed_prompts}; resume with the run's rl.pairing.fixed_prompts.")
         self.data_position = int(np.asarray(state["data_position"]))
         self.num_draws = int(np.asarray(state["num_draws"]))
+        self.fixed_idx = fixed if fixed.size else None
 
 
 class PairedSource:

@@ -44,6 +44,7 @@ class SimConfig:
     # estimators
     curverl_window: int = 10
     maxrl_eps: float = 1e-6
+    passk_k: int = 4
     # PBA anchored KL
     pba_coef: float = 1.0
     pba_tau_low: float = 0.0
@@ -146,4 +147,9 @@ def validate(cfg: SimConfig) -> None:
     from jaxrl_vr.sim.methods import parse_method  # local: methods imports this module
 
     for name in cfg.method_names:
-        parse_method(name)
+        estimator = parse_method(name).estimator
+        need(estimator not in ("pkpo", "passk_training") or 1 <= cfg.passk_k <= cfg.group_size,
+             f"sim.passk_k={cfg.passk_k} must lie in [1, sim.group_size={cfg.group_size}] for {name!r}.")
+        need(estimator != "passk_training" or cfg.passk_k < cfg.group_size,
+             f"sim.passk_k={cfg.passk_k} = sim.group_size makes every passk_training advantage 0; "
+             "lower it.")

@@ -63,6 +63,8 @@ def estimator_settings(name: str, cfg):
         "maxrl": {"eps": cfg.maxrl_eps},
         "curverl": {"window": cfg.curverl_window},
         "pair_weighted": {"neg_weight": cfg.pairing_neg_weight, "scope": cfg.pairing_scope},
+        "pkpo": {"k": cfg.passk_k},
+        "passk_training": {"k": cfg.passk_k},
     }.get(name, {})
     return ESTIMATORS.settings(name, values)
 

@@ -91,6 +91,9 @@ class RewardConfig:
         ``EPISODE_DETECTORS`` (tool_spam, answer_from_tool, empty_turn: environment tasks)
         that make P_hack.
       max_tool_calls: ``tool_spam`` fires on an episode with more tool calls than this.
+      truncation_is_hack: the hard rule: ``empty_or_truncated`` fires on every answer cut off
+        by rl.max_new_tokens (default False: truncation is the overlong penalty's business;
+        the detector fires on empty answers and unclosed boxes).
     """
 
     overlong_cache_len: int = 0
@@ -98,6 +101,7 @@ class RewardConfig:
     hack_coef: float = 0.0
     hack_detectors: tuple[str, ...] = ()
     max_tool_calls: int = 4
+    truncation_is_hack: bool = False
 
     def __post_init__(self):
         _need(self.overlong_cache_len >= 0, f"overlong_cache_len must be >= 0, got {self.overlong_cache_len}.")
@@ -108,6 +112,9 @@ class RewardConfig:
         _need(not unknown, f"hack_detectors has unknown names {unknown}"
               f"{did_you_mean(unknown[0], known) if unknown else ''}; choose from {known}.")
         _need(self.max_tool_calls >= 1, f"max_tool_calls must be >= 1, got {self.max_tool_calls}.")
+        _need(not self.truncation_is_hack or "empty_or_truncated" in self.hack_detectors,
+              "truncation_is_hack=True is a rule of the empty_or_truncated detector; add it to "
+              "hack_detectors (rl.rewards.hack_detectors=empty_or_truncated).")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,7 +9,8 @@ the same name.
 * ``anchor`` (PBA, arXiv 2607.20543; SPEC §4): before RL, base samples of every training
   prompt give p_base; each batch's prompts in the band get the KL weight λ.
 * ``pairing`` (Weighted GRPO, arXiv 2602.03452; SPEC §3.3): before RL, a rate calibration
-  of the pool; each step draws (q⁺, q⁻) pairs from the tracked rates and marks their rows.
+  of the pool; each step draws (q⁺, q⁻) pairs from the tracked rates and marks their rows
+  (or, as switches, a fixed tiny set chosen once, or the paper's variance-selection baseline).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 from jaxrl_vr.hooks import Calibration, Hook
 from jaxrl_vr.registry import Entry, Registry
 from jaxrl_vr.selection.anchor import POLARITIES, anchor_mask
-from jaxrl_vr.selection.pairing import PairedPromptSource, PairedSource, tracker_rates
+from jaxrl_vr.selection.pairing import PAIRING_SELECTIONS, PairedPromptSource, PairedSource, tracker_rates
 from jaxrl_vr.selection.tracker import PromptTracker
 from jaxrl_vr.trajectory import Trajectory
 
@@ -110,6 +111,12 @@ class PairingSettings:
         training rollouts (newer evidence preferred).
       explore_frac: share of each batch drawn from the data order, so prompts without a
         rate keep entering and the data position advances.
+      select: "pairs" (q⁺, q⁻ pairs) or "variance": the prompts of highest tracked reward
+        variance p(1 − p), unpaired (the selection the paper compares against; train it with
+        a plain estimator such as grpo).
+      fixed_prompts: n > 0 = the paper's tiny fixed set: n prompts (n/2 pairs, or the n of
+        highest variance) chosen once from the calibrated rates and repeated every step
+        (rl.prompts_per_step a multiple of n); 0 = choose every step.
     """
 
     neg_c: int = 2
@@ -120,10 +127,17 @@ class PairingSettings:
     calibration_samples: int = 8
     calibration_cap: float = 8.0
     explore_frac: float = 0.25
+    select: str = "pairs"
+    fixed_prompts: int = 0
 
     def __post_init__(self):
         if self.strategy not in PAIRING_STRATEGIES:
             raise ValueError(f"strategy={self.strategy!r} is not one of {PAIRING_STRATEGIES}.")
+        if self.select not in PAIRING_SELECTIONS:
+            raise ValueError(f"select={self.select!r} is not one of {PAIRING_SELECTIONS}.")
+        if self.fixed_prompts < 0 or (self.select == "pairs" and self.fixed_prompts % 2):
+            raise ValueError(f"fixed_prompts={self.fixed_prompts} must be 0 (off) or a positive number of "
+                             "prompts (even with select='pairs': whole pairs).")
         if not 0.0 <= self.pos_min < self.pos_max <= 1.0:
             raise ValueError(f"pos_min, pos_max need 0 <= pos_min < pos_max <= 1, got {self.pos_min}, "
                              f"{self.pos_max}.")
@@ -143,6 +157,24 @@ class PairingSettings:
             raise ValueError(f"rl.pairing chooses both prompts of a pair; it cannot be combined with "
                              f"rl.batch_strategy={rl.batch_strategy.name!r}, which drops or shrinks "
                              "groups. Use rl.batch_strategy=plain.")
+        num_p = rl.prompts_per_step
+        if self.fixed_prompts:
+            if num_p % self.fixed_prompts:
+                raise ValueError(f"rl.pairing.fixed_prompts={self.fixed_prompts} repeats its set to fill "
+                                 f"each batch, so rl.prompts_per_step={num_p} must be a multiple of it.")
+            return
+        need = 2 if self.select == "pairs" else 1  # rows a pair (or a variance pick) needs
+        explore = int(np.ceil(self.explore_frac * num_p - 1e-9))
+        if num_p - explore < need:
+            fits = [p for p in range(num_p, 8 * num_p + 8, 2)  # P stays even (pairing's check)
+                    if p - int(np.ceil(self.explore_frac * p - 1e-9)) >= need]
+            raise_p = f"raise rl.prompts_per_step to >= {fits[0]} or " if fits else ""
+            raise ValueError(
+                f"rl.pairing selects no prompt: rl.prompts_per_step={num_p} with rl.pairing.explore_frac="
+                f"{self.explore_frac} leaves {num_p - explore} row(s) beside the {explore} data-order "
+                f"row(s), and {'a pair needs 2' if need == 2 else 'the selection needs 1'}, so the run "
+                f"would be plain training on the data order; {raise_p}lower rl.pairing.explore_frac to "
+                f"<= {(num_p - need) / num_p:.3g}.")
 
 
 class Pairing(Hook):
@@ -163,7 +195,7 @@ class Pairing(Hook):
                                        min_count=s.min_count),
             prompts_per_step=c.prompts_per_step, group_size=c.samples_per_prompt, seed=c.seed,
             neg_c=s.neg_c, pos_max=s.pos_max, pos_min=s.pos_min, explore_frac=s.explore_frac,
-            strategy=s.strategy))
+            strategy=s.strategy, select=s.select, fixed_prompts=s.fixed_prompts))
         return self.source
 
     def annotate(self, batch: Trajectory) -> Trajectory:

@@ -230,13 +230,15 @@ class RoundScorer:
     any fired) and hands every verifier result to ``on_result`` (the verifier monitor).
     ``episodes`` does the same for environment episodes, with the episode detectors
     (``hacks.EPISODE_DETECTORS``, ``max_tool_calls`` for ``tool_spam``) too.
+    ``truncation_is_hack``: ``empty_or_truncated`` also fires on every truncated answer.
     """
 
     def __init__(self, items: Sequence, tokenizer, scorer: Callable, *,
-                 hack_detectors: Sequence[str] = (), on_result: Callable | None = None, max_tool_calls: int = 4):
+                 hack_detectors: Sequence[str] = (), on_result: Callable | None = None, max_tool_calls: int = 4,
+                 truncation_is_hack: bool = False):
         self.items, self.tokenizer, self.scorer = list(items), tokenizer, scorer
         self.hack_detectors, self.on_result = tuple(hack_detectors), on_result
-        self.max_tool_calls = int(max_tool_calls)
+        self.max_tool_calls, self.truncation_is_hack = int(max_tool_calls), bool(truncation_is_hack)
 
     def __call__(self, prompt_idx_b, completions: Sequence[str], truncated_b, *, turn_records=None) -> Scores:
         """Scores completions (each episode's final model turn); with ``turn_records`` (per
@@ -256,7 +258,7 @@ class RoundScorer:
         if self.hack_detectors:
             prompts, golds = [it.prompt for it in items_b], [it.answer for it in items_b]
             hack_b, flags = hack_penalties(prompts, completions, truncated_b=truncated_b, golds=golds,
-                                           enabled=text_detectors)
+                                           enabled=text_detectors, truncation_is_hack=self.truncation_is_hack)
             if episode_detectors:
                 flags.update(episode_hack_flags(turn_records, prompts, golds, enabled=episode_detectors,
                                                 max_tool_calls=self.max_tool_calls))

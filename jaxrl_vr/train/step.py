@@ -71,8 +71,11 @@ class LossConfig:
       entropy: "none"; "bonus" (loss −= entropy_coef·H); "feedback" (the entropy-feedback
         controller widens the upper clip by k, SPEC §3.6).
       entropy_coef: coefficient of the entropy bonus.
-      entropy_target, entropy_step_size, entropy_k_max: H* (nats), δ and k_max of the
-        feedback controller.
+      entropy_target, entropy_step_size, entropy_k_min, entropy_k_max: H* (nats), δ, k_min
+        and k_max of the feedback controller, whose upper clip is 1 + ε_high·(1 + k): δ and
+        the bounds are fractions of ε_high, so they suit token and sequence ratios alike
+        (k_min < 0, down to −1, lets it tighten the clip below ε_high while entropy is
+        above target; 0 = never below the plain clip).
       num_microbatches: micro-batches per optimizer step (gradient accumulation, exact).
       logprob_chunk_size: T-chunk of the chunked LM-head log-softmax (None = one chunk).
       detach_behaviour: use sg(log π_θ) of the step's own forward as log π_old (ratio ≡ 1)
@@ -103,6 +106,7 @@ class LossConfig:
     entropy_coef: float = 0.0
     entropy_target: float = 0.5
     entropy_step_size: float = 0.01
+    entropy_k_min: float = 0.0
     entropy_k_max: float = 0.5
     num_microbatches: int = 1
     logprob_chunk_size: int | None = None
@@ -135,6 +139,11 @@ class LossConfig:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"loss.{name} must be >= 0, got {value}.")
+        if not -1.0 <= self.entropy_k_min <= 0.0 <= self.entropy_k_max or self.entropy_step_size < 0:
+            raise ValueError(
+                "the entropy controller needs -1 <= loss.entropy_k_min <= 0 <= loss.entropy_k_max and "
+                f"loss.entropy_step_size >= 0 (fractions of eps_high), got {self.entropy_k_min}, "
+                f"{self.entropy_k_max}, {self.entropy_step_size}.")
 
     @property
     def clip_eps(self) -> tuple[float, float]:
@@ -157,6 +166,7 @@ class LossConfig:
             entropy_coef=self.entropy_coef,
             entropy_target=self.entropy_target,
             entropy_step_size=self.entropy_step_size,
+            entropy_k_min=self.entropy_k_min,
             entropy_k_max=self.entropy_k_max,
             temperature=temperature,
         )
@@ -179,6 +189,7 @@ class LossConfig:
             entropy_coef=0.0,
             entropy_target=0.5,
             entropy_step_size=0.01,
+            entropy_k_min=0.0,
             entropy_k_max=0.5,
         )
 
@@ -202,6 +213,7 @@ class StepHyper(NamedTuple):
     entropy_step_size: jax.Array
     entropy_k_max: jax.Array
     temperature: jax.Array
+    entropy_k_min: jax.Array
 
     @classmethod
     def create(
@@ -218,6 +230,7 @@ class StepHyper(NamedTuple):
         entropy_step_size=0.01,
         entropy_k_max=0.5,
         temperature=1.0,
+        entropy_k_min=0.0,
     ) -> "StepHyper":
         """All fields as float32 scalars (for tests and scripts; a run builds its
         StepHyper from ``LossConfig.hyper``)."""
@@ -234,6 +247,7 @@ class StepHyper(NamedTuple):
             f(entropy_step_size),
             f(entropy_k_max),
             f(temperature),
+            f(entropy_k_min),
         )
 
 
@@ -737,6 +751,7 @@ def make_train_step(
                 target=hyper.entropy_target,
                 step_size=hyper.entropy_step_size,
                 k_max=hyper.entropy_k_max,
+                k_min=hyper.entropy_k_min,
             )
         step_count, controller = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
                                               (state.step + 1, controller), (state.step, state.controller))

@@ -63,9 +63,13 @@ def answer_copied_from_prompt(prompt: str, completion: str, gold: str | None = N
     return answer in set(_TOKEN.findall(prompt))
 
 
-def empty_or_truncated_answer(completion: str, truncated: bool = False) -> bool:
-    """Empty (whitespace only), cut off by the length limit, or ending inside an unclosed \\boxed{."""
-    if truncated or not completion.strip():
+def empty_or_truncated_answer(completion: str, truncated: bool = False, *,
+                              hard_truncation: bool = False) -> bool:
+    """Empty (whitespace only), or ending inside an unclosed \\boxed{ (an answer cut off
+    mid-box). Hitting the length limit alone is the overlong penalty's business (DAPO's soft
+    window, ``rewards.overlong_penalty``), not a hack: ``truncated`` fires only under the
+    hard rule ``hard_truncation=True`` (``rl.rewards.truncation_is_hack``)."""
+    if (truncated and hard_truncation) or not completion.strip():
         return True
     boxes = [m.end() - 1 for m in BOX.finditer(completion)]
     return bool(boxes) and boxes[-1] not in closing_braces(completion)
@@ -80,7 +84,8 @@ DETECTORS: dict[str, Callable[..., bool]] = {
 
 def hack_penalties(prompts: Sequence[str], completions: Sequence[str], *,
                    truncated_b: Sequence[bool] | None = None, golds: Sequence[str | None] | None = None,
-                   enabled: Sequence[str] = tuple(DETECTORS)) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+                   enabled: Sequence[str] = tuple(DETECTORS), truncation_is_hack: bool = False
+                   ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Runs the enabled detectors over a batch.
 
     Args:
@@ -88,6 +93,8 @@ def hack_penalties(prompts: Sequence[str], completions: Sequence[str], *,
       truncated_b: B bools, True where the sampler hit max_new_tokens (default all False).
       golds: B gold answers or None (used by the copy detector to spare correct answers).
       enabled: detector names from DETECTORS.
+      truncation_is_hack: the hard rule: ``empty_or_truncated`` fires on every truncated
+        completion (default: only on empty ones and unclosed boxes).
 
     Returns:
       (penalty_b float32 [B] = 1 where any enabled detector fired, {name: bool [B]}).
@@ -109,7 +116,8 @@ def hack_penalties(prompts: Sequence[str], completions: Sequence[str], *,
         elif name == "copied_from_prompt":
             values = [answer_copied_from_prompt(p, c, g) for p, c, g in zip(prompts, completions, golds)]
         else:
-            values = [empty_or_truncated_answer(c, bool(t)) for c, t in zip(completions, truncated_b)]
+            values = [empty_or_truncated_answer(c, bool(t), hard_truncation=truncation_is_hack)
+                      for c, t in zip(completions, truncated_b)]
         flags[name] = np.asarray(values, bool).reshape([n])
     penalty_b = np.zeros([n], np.float32)
     for values in flags.values():

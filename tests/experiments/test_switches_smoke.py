@@ -28,6 +28,8 @@ SWITCHES = {
     "loo_gspo": {"rl": {"estimator": "loo"}, "loss": {"ratio": "sequence"}},
     "hack_penalty": {"rl": {"rewards": {"hack_coef": 0.5, "hack_detectors": ["empty_or_truncated"]}}},
     "token_budget": {"rl": {"budget": {"tokens": 30}, "steps": 50}},
+    "pkpo_annealed": {"rl": {"estimator": {"name": "pkpo", "k": 4, "k_end": 2, "anneal_steps": 1}}},
+    "passk_training": {"rl": {"estimator": {"name": "passk_training", "k": 2}}},
 }
 
 
@@ -74,3 +76,7 @@ def test_switch_runs_end_to_end_at_smoke_size(name, base_dir, tmp_path):
         assert 0.0 < rows[-1]["estimator/window_fill"] <= 1.0
     if name == "hack_penalty":
         assert "hack/empty_or_truncated" in rows[-1]
+    if name == "pkpo_annealed":  # k = 4 at step 0, then k_end = 2
+        assert [r["estimator/k"] for r in rows] == [4.0, 2.0]
+    if name == "passk_training":
+        assert rows[-1]["estimator/k"] == 2.0

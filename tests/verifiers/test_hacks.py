@@ -30,11 +30,32 @@ def test_answer_copied_from_prompt(prompt, completion, gold, expected):
 
 
 @pytest.mark.parametrize("completion, truncated, expected", [
-    ("", False, True), ("   \n", False, True), ("85", True, True), ("so \\boxed{8", False, True),
-    ("so \\boxed{8}", False, False), ("85", False, False),
+    ("", False, True), ("   \n", False, True), ("85", True, False), ("so \\boxed{8", False, True),
+    ("so \\boxed{8}", False, False), ("85", False, False), ("so \\boxed{8", True, True),
 ])
 def test_empty_or_truncated(completion, truncated, expected):
     assert hacks.empty_or_truncated_answer(completion, truncated) is expected
+
+
+def test_truncation_alone_is_not_a_hack_unless_the_hard_rule_is_asked_for():
+    # A complete answer that ran into the length limit is the overlong penalty's business.
+    prompts, completions = ["1+1=", "2+2="], ["the sum is \\boxed{2}", "so \\boxed{4} and more"]
+    penalty_b, flags = hacks.hack_penalties(prompts, completions, truncated_b=[True, False],
+                                            enabled=("empty_or_truncated",))
+    np.testing.assert_array_equal(penalty_b, [0, 0])
+    penalty_b, flags = hacks.hack_penalties(prompts, completions, truncated_b=[True, False],
+                                            enabled=("empty_or_truncated",), truncation_is_hack=True)
+    np.testing.assert_array_equal(flags["empty_or_truncated"], [True, False])
+    assert hacks.empty_or_truncated_answer("85", True, hard_truncation=True) is True
+
+
+def test_the_hard_truncation_rule_is_a_reward_switch():
+    from jaxrl_vr.train.config import PipelineConfig
+
+    rewards = {"hack_coef": 0.5, "hack_detectors": ["empty_or_truncated"], "truncation_is_hack": True}
+    assert PipelineConfig.from_dict({"rl": {"rewards": rewards}}).rl.rewards.truncation_is_hack
+    with pytest.raises(ValueError, match="add it to hack_detectors"):
+        PipelineConfig.from_dict({"rl": {"rewards": {"truncation_is_hack": True}}})
 
 
 def test_hack_penalties_batch():
