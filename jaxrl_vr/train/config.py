@@ -47,6 +47,7 @@ from jaxrl_vr.train.optim import OptimConfig
 from jaxrl_vr.train.sft import SFTConfig
 from jaxrl_vr.train.sources import MODEL_SOURCES, TASK_SOURCES
 from jaxrl_vr.train.step import LossConfig
+from jaxrl_vr.train.workdir import config_of
 from jaxrl_vr.verifiers.hacks import DETECTORS, EPISODE_DETECTORS
 
 __all__ = ["BudgetConfig", "ConfigError", "EstimatorChoice", "EvalConfig", "ModelConfig",
@@ -572,5 +573,6 @@ def upgrade_legacy(tree: dict) -> dict:
 
 
 def load_config(tree: dict[str, Any]) -> PipelineConfig:
-    """A stored config (``config.json``, either layout) as a PipelineConfig."""
-    return PipelineConfig.from_dict(upgrade_legacy(tree))
+    """A stored config (``config.json``, either layout; its records such as "versions"
+    left out) as a PipelineConfig."""
+    return PipelineConfig.from_dict(upgrade_legacy(config_of(tree)))

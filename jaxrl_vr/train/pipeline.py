@@ -34,6 +34,7 @@ from jaxrl_vr.train.loop import RLTrainer
 from jaxrl_vr.train.parts import build_parts
 from jaxrl_vr.train.sources import check_model_source, export_policy, load_policy, load_task
 from jaxrl_vr.train.workdir import digest, prepare_workdir
+from jaxrl_vr.versions import versions
 
 __all__ = ["run_pipeline"]
 
@@ -75,9 +76,10 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
     tree = to_tree(cfg)
     data = load_task(cfg)
     check_model_source(cfg)
+    run_versions = versions()
     workdir, finished, replaced = prepare_workdir(
         workdir, tree, defaults=to_tree(PipelineConfig()), upgrade=upgrade_legacy,
-        steps=cfg.rl.steps, budget=cfg.rl.budget)
+        steps=cfg.rl.steps, budget=cfg.rl.budget, record={"versions": run_versions})
     if replaced:
         log(f"[run] {workdir}: its earlier run stopped before its first step; this config replaces "
             f"its config.json ({replaced})")
@@ -165,6 +167,7 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
         "final_train_reward": rows[-1].get("reward") if rows else None,
         "plots": plots,
         "export_dir": export_dir,
+        "versions": run_versions,
     }
     if "episodes" in base_eval:  # multi-turn: how the policy used its tools, before and after
         for when, result in (("base", base_eval), ("final", final_eval)):
