@@ -20,7 +20,7 @@ from jaxrl_vr.eval.inversion import (
     exact_two_sided_p,
     survival_estimate,
 )
-from jaxrl_vr.eval.passk_eval import headline_ks, mean_passk_curve, passk_report
+from jaxrl_vr.eval.passk_eval import headline_ks, mean_passk_curve, passk_report, passk_scalars
 from jaxrl_vr.eval.plots import (
     plot_bars,
     plot_budget_curves,
@@ -31,8 +31,10 @@ from jaxrl_vr.eval.plots import (
     plot_regimes,
     plot_tradeoff,
     plot_training_curves,
+    plot_training_path,
     read_metrics_jsonl,
 )
+from jaxrl_vr.eval.training_path import training_path
 from jaxrl_vr.eval.report import format_table, to_jsonable, write_report, write_report_md, write_summary
 from jaxrl_vr.eval.seeds import PairedDifference, SeedSummary, paired_difference, seed_summary
 
@@ -58,6 +60,7 @@ __all__ = [
     "metric_vs_tokens",
     "paired_difference",
     "passk_report",
+    "passk_scalars",
     "plot_bars",
     "plot_delta_by_regime",
     "plot_passk",
@@ -67,6 +70,7 @@ __all__ = [
     "plot_regimes",
     "plot_tradeoff",
     "plot_training_curves",
+    "plot_training_path",
     "poisson_binomial_pmf",
     "exact_two_sided_p",
     "read_metrics_jsonl",
@@ -74,6 +78,7 @@ __all__ = [
     "survival_estimate",
     "survival_posterior",
     "to_jsonable",
+    "training_path",
     "write_evaluation",
     "write_report",
     "write_report_md",

@@ -335,6 +335,11 @@ class EvalConfig:
     separately from its pass@k samples and give the per-prompt p_base that assigns the
     regimes; 0 falls back to the base pass@k samples. ``max_new_tokens`` caps evaluation
     responses (0 = rl.max_new_tokens).
+
+    During training: every ``every`` RL steps (by step number: 0 = off) the current policy
+    draws ``during_samples`` samples per held-out prompt; pass@k for k = 1, 2, 4, …,
+    during_samples, overall and per regime, goes to the step's metrics. Its tokens are
+    counted (``eval/generated_tokens``) but not charged to ``rl.budget``.
     """
 
     num_samples: int = 16
@@ -342,8 +347,12 @@ class EvalConfig:
     prompts_per_chunk: int = 40
     base_calibration_samples: int = 256
     max_new_tokens: int = 0
+    every: int = 0
+    during_samples: int = 8
 
     def __post_init__(self):
+        _need(self.every >= 0, f"every must be >= 0 (0 = no evaluation during training), got {self.every}.")
+        _need(self.during_samples >= 1, f"during_samples must be >= 1, got {self.during_samples}.")
         _need(self.num_samples >= 1, "num_samples must be >= 1.")
         _need(self.base_calibration_samples >= 0, "base_calibration_samples must be >= 0.")
         _need(self.max_new_tokens >= 0, "max_new_tokens must be >= 0 (0 = rl.max_new_tokens).")

@@ -10,9 +10,12 @@
    n samples of each held-out prompt for pass@k (``base_eval.json``), an independent
    calibration that assigns the regimes (``base_calibration.json``), and the base samples
    of every training prompt that a part asks for (PBA's p_base, pairing's rates).
-4. RL with ``RLTrainer`` (checkpointed, resumable, stops at rl.steps or the token budget).
-5. Evaluate the trained policy on the same prompts; write summary.json, report.md, plots;
-   export the policy with ``save_pretrained`` into ``<workdir>/export``.
+4. RL with ``RLTrainer`` (checkpointed, resumable, stops at rl.steps or the token budget),
+   with ``eval.every``'s evaluations of the current policy (``eval.during_samples`` per
+   held-out prompt, by step number, not charged to the budget).
+5. Evaluate the trained policy on the same prompts; write summary.json, report.md, plots
+   (and eval_during.json / .png: pass@k along training); export the policy with
+   ``save_pretrained`` into ``<workdir>/export``.
 
 A finished workdir is not redone: re-running prints where its summary is (pass
 ``reevaluate=True`` to evaluate again into a new file).
@@ -25,12 +28,12 @@ import time
 from typing import Callable
 
 from jaxrl_vr import eval as eval_lib
-from jaxrl_vr import layout
+from jaxrl_vr import layout, passk
 from jaxrl_vr.atomic import write_json
 from jaxrl_vr.config_tree import to_tree
 from jaxrl_vr.train.config import PipelineConfig, upgrade_legacy, validate
-from jaxrl_vr.train.evaluate import episode_rates, evaluate_base, evaluate_counts
-from jaxrl_vr.train.loop import RLTrainer
+from jaxrl_vr.train.evaluate import episode_rates, evaluate_base, evaluate_counts, evaluate_during_training
+from jaxrl_vr.train.loop import PeriodicEval, RLTrainer
 from jaxrl_vr.train.parts import build_parts
 from jaxrl_vr.train.sources import check_model_source, export_policy, load_policy, load_task
 from jaxrl_vr.train.workdir import digest, prepare_workdir
@@ -57,6 +60,15 @@ def report_title(cfg: PipelineConfig) -> str:
     else:
         data = f"the {cfg.task.name} task"
     return f"jaxrl_vr: {model} on {data}"
+
+
+def _during_training(model, tokenizer, items, cfg: PipelineConfig, step: int, codes_p, log) -> dict:
+    """``eval.every``'s evaluation after ``step`` RL steps, with a log line."""
+    metrics = evaluate_during_training(model, tokenizer, items, cfg, step, codes_p)
+    n = cfg.eval.during_samples
+    log(f"[eval] step {step}: held-out pass@1 {metrics['eval/pass@1']:.4f}, pass@{n} "
+        f"{metrics[f'eval/pass@{n}']:.4f} ({len(items)} prompts × {n} samples)")
+    return metrics
 
 
 def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None] = print,
@@ -91,7 +103,9 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
     t0 = time.perf_counter()
     policy = load_policy(cfg, workdir, data, log=log)
     t_base = time.perf_counter() - t0
-    base_key = digest({"base": policy.info, "seed": cfg.seed, "eval": tree["eval"], "model": tree["model"]})
+    # What the base evaluations depend on (not the evaluations during training).
+    base_eval_keys = {k: v for k, v in tree["eval"].items() if k not in ("every", "during_samples")}
+    base_key = digest({"base": policy.info, "seed": cfg.seed, "eval": base_eval_keys, "model": tree["model"]})
     model, tokenizer = policy.model, policy.tokenizer
 
     parts = build_parts(cfg, model, tokenizer, data.train, workdir) if cfg.rl.steps > 0 else None
@@ -104,8 +118,14 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
         base_eval, calibration, n = base.evaluation, base.calibration, cfg.eval.num_samples
         log(f"[base] held-out pass@1 = {base_eval['counts'].mean() / n:.4f} ({len(data.heldout)} "
             f"prompts × {n} samples; regimes from {base.regime_n} calibration samples)")
+        codes_p = passk.regime(base.regime_counts / base.regime_n, n=base.regime_n)  # the final table's
         if parts is not None:
-            trainer = RLTrainer(parts, calibration_tokens=base.calibration_tokens, log=log)
+            periodic = None
+            if cfg.eval.every > 0:
+                periodic = PeriodicEval(cfg.eval.every, lambda step, policy: _during_training(
+                    policy, tokenizer, data.heldout, cfg, step, codes_p, log))
+            trainer = RLTrainer(parts, calibration_tokens=base.calibration_tokens, log=log,
+                                periodic_eval=periodic)
             t0 = time.perf_counter()
             rows = trainer.run(stop_after=stop_after)
             t_rl = time.perf_counter() - t0
@@ -138,6 +158,18 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
         plots["curves"] = str(eval_lib.plot_training_curves(
             os.path.join(workdir, layout.METRICS), os.path.join(workdir, layout.CURVES_PLOT),
             keys=CURVE_KEYS))
+    during = None
+    if trainer is not None and cfg.eval.every > 0 and os.path.isfile(os.path.join(workdir, layout.METRICS)):
+        path = eval_lib.training_path(
+            eval_lib.read_metrics_jsonl(os.path.join(workdir, layout.METRICS)), base_counts_p=base_eval["counts"],
+            base_n=n, codes_p=codes_p, n=cfg.eval.during_samples, every=cfg.eval.every)
+        if path["evaluations"]:
+            write_json(os.path.join(workdir, layout.EVAL_DURING), path)
+            plots["eval_during"] = str(eval_lib.plot_training_path(path, os.path.join(workdir, layout.EVAL_DURING_PLOT)))
+            last = path["points"][-1]
+            during = {"every": path["every"], "n": path["n"], "evaluations": path["evaluations"],
+                      "generated_tokens": path["generated_tokens"], "file": layout.EVAL_DURING,
+                      "last_step": last["step"], "last_pass_at_k": last["pass_at_k"]}
     budget = trainer.budget.as_dict() if trainer is not None else {}
     steps_done = int(trainer.parts.checkpoints.latest_step() or 0) if trainer is not None else 0
     export_dir = None
@@ -154,7 +186,9 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
         "regime_counts": report["regime_counts"],
         "inversion": inversion,
         "budget": {**budget, "eval_generated_tokens": base_eval["generated_tokens"]
-                   + final_eval["generated_tokens"] + calibration["generated_tokens"]},
+                   + final_eval["generated_tokens"] + calibration["generated_tokens"]
+                   + (during["generated_tokens"] if during else 0.0)},
+        "eval_during": during,
         "wall_time_s": {"base": t_base, "base_eval": t_base_eval, "rl": t_rl,
                         "final_eval": t_final_eval, "total": total},
         "wall_time_total_s": total,

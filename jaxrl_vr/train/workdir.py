@@ -30,6 +30,8 @@ RESUMABLE_KEYS = (
     "rl.verifier.workers",
     "rl.verifier.timeout_s",
     "eval.prompts_per_chunk",
+    "eval.every",  # evaluations during training: they change no training result
+    "eval.during_samples",
 )
 
 
