@@ -19,6 +19,8 @@
                              pass@k along training (eval.every), from metrics.jsonl
     export/                  the final policy, loadable by transformers
     eval/<label>/            experiments.evaluate's evaluation.json, report.md and plots
+    eval_sets/<stem>/        a task.eval_paths set: its base_eval.json, base_calibration.json,
+                             evaluation.json, report.md and plots
 """
 
 CONFIG = "config.json"
@@ -45,4 +47,5 @@ EVAL_DURING = "eval_during.json"
 EVAL_DURING_PLOT = "eval_during.png"
 EXPORT = "export"
 EVAL = "eval"
+EVAL_SETS = "eval_sets"
 EVALUATION = "evaluation.json"

@@ -8,6 +8,7 @@ from jaxrl_vr.eval.evaluation import (
     PolicyResult,
     build_evaluation,
     evaluation_markdown,
+    evaluation_table,
     write_evaluation,
 )
 from jaxrl_vr.eval.inversion import (
@@ -34,14 +35,23 @@ from jaxrl_vr.eval.plots import (
     plot_training_path,
     read_metrics_jsonl,
 )
+from jaxrl_vr.eval.sensitivity import (
+    CUTOFF_SCALES,
+    P_BASE_EDGES,
+    regime_sensitivity,
+    sensitivity_markdown,
+    shifted_regime,
+)
 from jaxrl_vr.eval.training_path import training_path
 from jaxrl_vr.eval.report import format_table, to_jsonable, write_report, write_report_md, write_summary
 from jaxrl_vr.eval.seeds import PairedDifference, SeedSummary, paired_difference, seed_summary
 
 __all__ = [
+    "CUTOFF_SCALES",
     "ChunkStore",
     "DEFINITIONS",
     "InversionCounts",
+    "P_BASE_EDGES",
     "PairedDifference",
     "PolicyResult",
     "REGIME_N",
@@ -49,6 +59,7 @@ __all__ = [
     "build_evaluation",
     "compare_at_equal_budget",
     "evaluation_markdown",
+    "evaluation_table",
     "fingerprint_digest",
     "fit_beta_prior",
     "format_table",
@@ -74,7 +85,10 @@ __all__ = [
     "poisson_binomial_pmf",
     "exact_two_sided_p",
     "read_metrics_jsonl",
+    "regime_sensitivity",
     "seed_summary",
+    "sensitivity_markdown",
+    "shifted_regime",
     "survival_estimate",
     "survival_posterior",
     "to_jsonable",

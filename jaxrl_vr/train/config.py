@@ -45,7 +45,7 @@ from jaxrl_vr.train.budget import BudgetConfig
 from jaxrl_vr.train.methods import METHODS, AnchorSettings, PairingSettings
 from jaxrl_vr.train.optim import OptimConfig
 from jaxrl_vr.train.sft import SFTConfig
-from jaxrl_vr.train.sources import MODEL_SOURCES, TASK_SOURCES
+from jaxrl_vr.train.sources import MODEL_SOURCES, TASK_SOURCES, eval_set_name
 from jaxrl_vr.train.step import LossConfig
 from jaxrl_vr.train.workdir import config_of
 from jaxrl_vr.verifiers.hacks import DETECTORS, EPISODE_DETECTORS
@@ -211,6 +211,9 @@ class TaskConfig:
       num_sft_examples: supervised warm-start pairs of the builtin model.
       path, eval_path: files of rows for jsonl / parquet (eval_path "" = hold out
         ``eval_fraction`` of ``path`` by prompt hash).
+      eval_paths: more evaluation sets (.jsonl / .parquet files, comma-separated on the
+        command line), any task: each is evaluated before and after RL like the held-out
+        prompts and reported separately, named by its file stem (``eval_sets/<stem>/``).
       eval_fraction: held-out share of ``path`` when there is no eval_path; for humaneval
         the held-out share of the problems by task-id hash (1.0 = all of them held out).
       prompt_field, answer_field: field names of a row.
@@ -237,6 +240,7 @@ class TaskConfig:
     num_sft_examples: int = 20000
     path: str = ""
     eval_path: str = ""
+    eval_paths: tuple[str, ...] = ()
     eval_fraction: float = 0.1
     prompt_field: str = "prompt"
     answer_field: str = "answer"
@@ -264,6 +268,11 @@ class TaskConfig:
               "env=tools needs task.max_turns >= 2 (a call, then the answer).")
         _need(0.0 <= self.tool_share <= 1.0, f"tool_share={self.tool_share} must lie in [0, 1].")
         _need(self.num_train >= 0 and self.num_eval >= 0, "num_train and num_eval must be >= 0.")
+        stems = [eval_set_name(p) if p else "" for p in self.eval_paths]
+        _need(all(stems), f"eval_paths={list(self.eval_paths)} has an empty path.")
+        repeated = sorted({stem for stem in stems if stems.count(stem) > 1})
+        _need(not repeated, f"eval_paths has more than one file with the stem {repeated}: a set is named "
+              "by its file stem, so rename one.")
         if self.name == "arithmetic":
             _need(bool(self.levels) and set(self.levels) <= set(LEVELS),
                   f"levels={list(self.levels)} must be a non-empty subset of {list(LEVELS)}.")

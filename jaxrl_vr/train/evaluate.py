@@ -207,8 +207,10 @@ def cached_evaluation(path: str, key: dict, model, tokenizer, items, cfg: Pipeli
 
 
 # Seed offsets of the run's evaluations (``evaluate_counts``): base pass@k 1, final 2, PBA's
-# calibration 3, the regimes' calibration 4, pairing's calibration 5, during training 6.
+# calibration 3, the regimes' calibration 4, pairing's calibration 5, during training 6; the
+# i-th set of task.eval_paths (i = 0, 1, ...) adds (i + 1) * EVAL_SET_SEED_SHIFT to 1, 2 and 4.
 DURING_TRAINING_SEED_OFFSET = 6
+EVAL_SET_SEED_SHIFT = 1000
 
 
 def evaluate_during_training(model, tokenizer, items, cfg: PipelineConfig, step: int, codes_p) -> dict:
@@ -245,19 +247,22 @@ class BaseEvaluation(NamedTuple):
 
 
 def evaluate_base(model, tokenizer, data, cfg: PipelineConfig, workdir: str, base_key: str, *,
-                  hooks: Sequence[Hook] = (), log=print) -> BaseEvaluation:
+                  hooks: Sequence[Hook] = (), log=print, seed_shift: int = 0) -> BaseEvaluation:
     """The base's success counts, each cached in the workdir under what produced it: the
     held-out pass@k samples, the regimes' calibration, and the base samples of every training
     prompt that a hook asks for (``Hook.calibration``: PBA's p_base, pairing's rates), which
-    the hook is handed (``Hook.calibrated``)."""
+    the hook is handed (``Hook.calibrated``). ``seed_shift`` moves the held-out evaluations'
+    seed offsets (an extra evaluation set's own streams, cached in its own directory)."""
     n, n_cal = cfg.eval.num_samples, cfg.eval.base_calibration_samples
-    heldout = {"base": base_key, "items": [it.uid for it in data.heldout]}
+    heldout = {"base": base_key, "items": [it.uid for it in data.heldout],
+               **({"seed_shift": seed_shift} if seed_shift else {})}
     train = {"base": base_key, "items": [it.uid for it in data.train],
              "T": cfg.eval.max_new_tokens or cfg.rl.max_new_tokens}
     # (what for, file, cache key, items, seed offset, samples per prompt)
-    requests = [("pass@k", BASE_EVAL, {**heldout, "n": n}, data.heldout, 1, n)]
+    requests = [("pass@k", BASE_EVAL, {**heldout, "n": n}, data.heldout, 1 + seed_shift, n)]
     if n_cal > 0:  # else the regimes come from the pass@k samples
-        requests.append(("regimes", BASE_CALIBRATION, {**heldout, "n_cal": n_cal}, data.heldout, 4, n_cal))
+        requests.append(("regimes", BASE_CALIBRATION, {**heldout, "n_cal": n_cal}, data.heldout,
+                         4 + seed_shift, n_cal))
     for hook in hooks:
         if hook.calibration is not None:
             request = hook.calibration

@@ -14,8 +14,10 @@
    with ``eval.every``'s evaluations of the current policy (``eval.during_samples`` per
    held-out prompt, by step number, not charged to the budget).
 5. Evaluate the trained policy on the same prompts; write summary.json, report.md, plots
-   (and eval_during.json / .png: pass@k along training); export the policy with
-   ``save_pretrained`` into ``<workdir>/export``.
+   (and eval_during.json / .png: pass@k along training; the regime table under shifted
+   cutoffs and by p_base bin); evaluate each ``task.eval_paths`` set before and after RL
+   (``train.eval_sets``: eval_sets/<stem>/); export the policy with ``save_pretrained``
+   into ``<workdir>/export``.
 
 A finished workdir is not redone: re-running prints where its summary is (pass
 ``reevaluate=True`` to evaluate again into a new file).
@@ -32,10 +34,11 @@ from jaxrl_vr import layout, passk
 from jaxrl_vr.atomic import write_json
 from jaxrl_vr.config_tree import to_tree
 from jaxrl_vr.train.config import PipelineConfig, upgrade_legacy, validate
+from jaxrl_vr.train.eval_sets import evaluate_sets_base, evaluate_sets_final
 from jaxrl_vr.train.evaluate import episode_rates, evaluate_base, evaluate_counts, evaluate_during_training
 from jaxrl_vr.train.loop import PeriodicEval, RLTrainer
 from jaxrl_vr.train.parts import build_parts
-from jaxrl_vr.train.sources import check_model_source, export_policy, load_policy, load_task
+from jaxrl_vr.train.sources import check_model_source, export_policy, load_eval_sets, load_policy, load_task
 from jaxrl_vr.train.workdir import digest, prepare_workdir
 from jaxrl_vr.versions import versions
 
@@ -87,6 +90,7 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
     validate(cfg)
     tree = to_tree(cfg)
     data = load_task(cfg)
+    eval_sets = load_eval_sets(cfg)
     check_model_source(cfg)
     run_versions = versions()
     workdir, finished, replaced = prepare_workdir(
@@ -119,6 +123,9 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
         log(f"[base] held-out pass@1 = {base_eval['counts'].mean() / n:.4f} ({len(data.heldout)} "
             f"prompts × {n} samples; regimes from {base.regime_n} calibration samples)")
         codes_p = passk.regime(base.regime_counts / base.regime_n, n=base.regime_n)  # the final table's
+        t0 = time.perf_counter()
+        set_bases = evaluate_sets_base(model, tokenizer, eval_sets, cfg, workdir, base_key, log=log)
+        t_sets = time.perf_counter() - t0
         if parts is not None:
             periodic = None
             if cfg.eval.every > 0:
@@ -152,6 +159,14 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
             reference_n=base.regime_n if "counts" in calibration else 0)
         for line in inversion["verdict"]:
             log(f"[eval] {line}")
+    # The regime table under shifted cutoffs and by p_base bin (jaxrl_vr.eval.sensitivity).
+    sensitivity = eval_lib.regime_sensitivity(base_eval["counts"], n, final_eval["counts"], n,
+                                              base.regime_counts / base.regime_n, regime_n=base.regime_n)
+    t0 = time.perf_counter()
+    set_summaries, set_sections = evaluate_sets_final(
+        model, tokenizer, set_bases, cfg, workdir, trained=trainer is not None, log=log,
+        step=int(trainer.parts.checkpoints.latest_step() or 0) if trainer is not None else 0)
+    t_sets += time.perf_counter() - t0
     plots = {"passk": str(eval_lib.plot_passk(report["pass_at_k"]["base"], report["pass_at_k"]["final"],
                                               report["ks"], os.path.join(workdir, layout.PASSK_PLOT)))}
     if rows:
@@ -187,10 +202,13 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
         "inversion": inversion,
         "budget": {**budget, "eval_generated_tokens": base_eval["generated_tokens"]
                    + final_eval["generated_tokens"] + calibration["generated_tokens"]
-                   + (during["generated_tokens"] if during else 0.0)},
+                   + (during["generated_tokens"] if during else 0.0)
+                   + sum(entry["generated_tokens"] for entry in set_summaries.values())},
         "eval_during": during,
+        "regime_sensitivity": sensitivity,
+        "eval_sets": set_summaries,
         "wall_time_s": {"base": t_base, "base_eval": t_base_eval, "rl": t_rl,
-                        "final_eval": t_final_eval, "total": total},
+                        "final_eval": t_final_eval, "eval_sets": t_sets, "total": total},
         "wall_time_total_s": total,
         "generated_tokens": budget.get("generated_tokens", 0.0),
         "calibration_tokens": budget.get("calibration_tokens", 0.0),
@@ -210,7 +228,8 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
     if reevaluate and finished is not None:
         write_json(os.path.join(workdir, layout.SUMMARY_REEVALUATED), eval_lib.to_jsonable(summary))
     else:
-        eval_lib.write_report(summary, workdir, title=report_title(cfg))
+        eval_lib.write_report(summary, workdir, title=report_title(cfg),
+                              sections=[eval_lib.sensitivity_markdown(sensitivity), *set_sections])
     if cfg.run.print_table:
         log(eval_lib.format_table(report))
         log(f"held-out pass@1: base {summary['base_pass_at_1']:.4f} -> final "
