@@ -48,6 +48,14 @@ def test_a_resumed_run_keeps_the_evaluation_schedule_and_its_samples(tmp_path):
     for row, other in zip(rows, _eval_rows(straight)):
         assert {k: v for k, v in row.items() if k.startswith("eval/pass@")} == \
             {k: v for k, v in other.items() if k.startswith("eval/pass@")}
+    # The evaluations change no training number: a run without them trains the same steps.
+    tree = cfg.to_dict()
+    tree["eval"]["every"] = 0
+    without = str(tmp_path / "without")
+    run_pipeline(PipelineConfig.from_dict(tree), without, log=lambda line: None)
+    training = ("reward", "loss", "grad_norm", "kl", "generated_tokens", "budget/generated_tokens")
+    assert [{k: r[k] for k in training} for r in read_jsonl(os.path.join(without, "metrics.jsonl"))] == \
+        [{k: r[k] for k in training} for r in read_jsonl(os.path.join(straight, "metrics.jsonl"))]
     with open(os.path.join(resumed, "eval_during.json")) as f:
         path = json.load(f)
     assert [p["step"] for p in path["points"]] == [0, 2, 4]
