@@ -15,8 +15,12 @@
     nonfinite_step_<S>/      the state and minibatch of a non-finite update
     summary.json, report.md, passk.png, reward_curve.png
                              the finished run; summary_reevaluated.json for --reevaluate
+    eval_during.json, eval_during.png
+                             pass@k along training (eval.every), from metrics.jsonl
     export/                  the final policy, loadable by transformers
     eval/<label>/            experiments.evaluate's evaluation.json, report.md and plots
+    eval_sets/<stem>/        a task.eval_paths set: its base_eval.json, base_calibration.json,
+                             evaluation.json, report.md and plots
 """
 
 CONFIG = "config.json"
@@ -39,6 +43,9 @@ SUMMARY_REEVALUATED = "summary_reevaluated.json"
 REPORT = "report.md"
 PASSK_PLOT = "passk.png"
 CURVES_PLOT = "reward_curve.png"
+EVAL_DURING = "eval_during.json"
+EVAL_DURING_PLOT = "eval_during.png"
 EXPORT = "export"
 EVAL = "eval"
+EVAL_SETS = "eval_sets"
 EVALUATION = "evaluation.json"

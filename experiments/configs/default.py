@@ -29,7 +29,8 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
         num_minibatches=4,  # optimizer steps per batch (ratios and clipping act)
         checkpoint_every=50)
     c.optim = dict(learning_rate=2e-4, warmup_steps=5, b2=0.99)  # 1e-3 collapses this tiny policy
-    c.eval = dict(num_samples=256)  # pass@k for k = 1..256, as the regimes
+    c.eval = dict(num_samples=256,  # pass@k for k = 1..256, as the regimes
+                  every=25, during_samples=16)  # and pass@1..16 every 25 steps: the path over training
     if variant == "smoke":  # seconds of work, and still at least one step with a gradient
         c.task = dict(levels=(0,), num_train=64, num_eval=10, num_sft_examples=512)  # 1-digit sums
         c.model = dict(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,

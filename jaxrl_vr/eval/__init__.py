@@ -8,6 +8,7 @@ from jaxrl_vr.eval.evaluation import (
     PolicyResult,
     build_evaluation,
     evaluation_markdown,
+    evaluation_table,
     write_evaluation,
 )
 from jaxrl_vr.eval.inversion import (
@@ -20,7 +21,7 @@ from jaxrl_vr.eval.inversion import (
     exact_two_sided_p,
     survival_estimate,
 )
-from jaxrl_vr.eval.passk_eval import headline_ks, mean_passk_curve, passk_report
+from jaxrl_vr.eval.passk_eval import headline_ks, mean_passk_curve, passk_report, passk_scalars
 from jaxrl_vr.eval.plots import (
     plot_bars,
     plot_budget_curves,
@@ -31,15 +32,26 @@ from jaxrl_vr.eval.plots import (
     plot_regimes,
     plot_tradeoff,
     plot_training_curves,
+    plot_training_path,
     read_metrics_jsonl,
 )
+from jaxrl_vr.eval.sensitivity import (
+    CUTOFF_SCALES,
+    P_BASE_EDGES,
+    regime_sensitivity,
+    sensitivity_markdown,
+    shifted_regime,
+)
+from jaxrl_vr.eval.training_path import training_path
 from jaxrl_vr.eval.report import format_table, to_jsonable, write_report, write_report_md, write_summary
 from jaxrl_vr.eval.seeds import PairedDifference, SeedSummary, paired_difference, seed_summary
 
 __all__ = [
+    "CUTOFF_SCALES",
     "ChunkStore",
     "DEFINITIONS",
     "InversionCounts",
+    "P_BASE_EDGES",
     "PairedDifference",
     "PolicyResult",
     "REGIME_N",
@@ -47,6 +59,7 @@ __all__ = [
     "build_evaluation",
     "compare_at_equal_budget",
     "evaluation_markdown",
+    "evaluation_table",
     "fingerprint_digest",
     "fit_beta_prior",
     "format_table",
@@ -58,6 +71,7 @@ __all__ = [
     "metric_vs_tokens",
     "paired_difference",
     "passk_report",
+    "passk_scalars",
     "plot_bars",
     "plot_delta_by_regime",
     "plot_passk",
@@ -67,13 +81,18 @@ __all__ = [
     "plot_regimes",
     "plot_tradeoff",
     "plot_training_curves",
+    "plot_training_path",
     "poisson_binomial_pmf",
     "exact_two_sided_p",
     "read_metrics_jsonl",
+    "regime_sensitivity",
     "seed_summary",
+    "sensitivity_markdown",
+    "shifted_regime",
     "survival_estimate",
     "survival_posterior",
     "to_jsonable",
+    "training_path",
     "write_evaluation",
     "write_report",
     "write_report_md",

@@ -24,8 +24,10 @@ from jaxrl_vr.eval.plots import plot_delta_by_regime, plot_passk, plot_passk_cur
 from jaxrl_vr import layout
 from jaxrl_vr.atomic import write_text
 from jaxrl_vr.eval.report import format_table, to_jsonable
+from jaxrl_vr.eval.sensitivity import regime_sensitivity, sensitivity_markdown
 
-__all__ = ["PolicyResult", "REGIME_N", "DEFINITIONS", "build_evaluation", "evaluation_markdown", "write_evaluation"]
+__all__ = ["PolicyResult", "REGIME_N", "DEFINITIONS", "build_evaluation", "evaluation_markdown", "evaluation_table",
+           "write_evaluation"]
 
 SCHEMA = "jaxrl_vr.evaluation/1"
 # The PBA regimes are defined by the reach probability at n = 256 (SPEC §3.6).
@@ -57,6 +59,9 @@ DEFINITIONS = {
                "the sampling temperature T): a Monte-Carlo estimate of the per-token entropy at T",
     "mean_length": "response tokens per sample, stop token included",
     "truncation_rate": "fraction of samples that reached max_new_tokens without a stop token",
+    "regime_sensitivity": "the regime table with the boundary band's edges scaled by 0.5, 1 and 2 "
+                          "(cutoff_scales), and the prompts in fixed bins of the base pass rate "
+                          "(p_base_bins); jaxrl_vr.eval.sensitivity",
 }
 
 
@@ -225,6 +230,7 @@ def build_evaluation(
         newly_solved=None if inversion is None else inversion["newly_solved"],
         newly_solved_expected_by_chance=None if inversion is None else inversion["newly_solved_expected_by_chance"],
         inversion=inversion,
+        regime_sensitivity=regime_sensitivity(ref_counts, int(ref.n), counts, n, p_regime, ks=ks, regime_n=REGIME_N),
         per_prompt=per_prompt,
         definitions=DEFINITIONS,
     )
@@ -267,6 +273,11 @@ def _report_for_table(evaluation: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def evaluation_table(evaluation: Mapping[str, Any]) -> str:
+    """The evaluation's regime table (``format_table``: pass@k base → evaluated per regime)."""
+    return format_table(_report_for_table(evaluation))
+
+
 def evaluation_markdown(evaluation: Mapping[str, Any], *, images: Sequence[str] = ()) -> str:
     """Human-readable report of an evaluation record."""
     ev = evaluation
@@ -287,6 +298,8 @@ def evaluation_markdown(evaluation: Mapping[str, Any], *, images: Sequence[str] 
         rows.append("| Δ | " + " | ".join(f"{ev['delta_pass_at_k'][str(k)]:+.3f}" for k in ks) + " |")
     lines += ["## pass@k", "", head, rule, *rows, ""]
     lines += ["## Per base regime", "", format_table(_report_for_table(ev)), ""]
+    if ev.get("regime_sensitivity"):
+        lines += [sensitivity_markdown(ev["regime_sensitivity"])]
     inv = ev.get("inversion")
     if inv:
         lines += [

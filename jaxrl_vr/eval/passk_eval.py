@@ -13,7 +13,7 @@ import numpy as np
 
 from jaxrl_vr import passk
 
-__all__ = ["passk_report", "headline_ks", "mean_passk_curve"]
+__all__ = ["passk_report", "passk_scalars", "headline_ks", "mean_passk_curve"]
 
 
 def headline_ks(n: int) -> list[int]:
@@ -30,6 +30,40 @@ def mean_passk_curve(n: Any, c: Any, ks: Sequence[int]) -> np.ndarray:
     if c.size == 0:
         return np.zeros(len(ks))
     return passk.pass_at_k_curve(np.broadcast_to(n, c.shape), c, ks).mean(axis=0)
+
+
+def passk_scalars(counts_p: Any, n: int, *, codes_p: Any, ks: Sequence[int] | None = None,
+                  prefix: str = "eval") -> dict[str, float]:
+    """One evaluation as flat scalars (for metrics.jsonl / TensorBoard).
+
+    Args:
+      counts_p: [P] correct samples of n per prompt.
+      n: samples per prompt.
+      codes_p: [P] regime codes (``passk.regime``) of the prompts.
+      ks: k values (default ``headline_ks(n)``), each <= n.
+      prefix: name prefix.
+
+    Returns:
+      ``{prefix}/pass@{k}`` for every k (mean over prompts), and per regime of
+      ``passk.REGIMES`` ``{prefix}/{regime}/count``, ``/pass@1`` and ``/pass@{max k}``
+      (NaN for an empty regime).
+    """
+    counts_p = _as_counts("counts_p", counts_p, None)
+    codes_p = np.asarray(codes_p).reshape(-1)
+    if codes_p.shape != counts_p.shape:
+        raise ValueError(f"codes_p has {codes_p.shape[0]} prompts, counts_p {counts_p.shape[0]}.")
+    ks = headline_ks(int(n)) if ks is None else [int(k) for k in ks]
+    if not ks or min(ks) < 1 or max(ks) > n:
+        raise ValueError(f"ks must be non-empty and within [1, n={n}], got {ks}.")
+    curve_pk = (passk.pass_at_k_curve(np.full(counts_p.shape, n), counts_p, ks) if counts_p.size
+                else np.zeros((0, len(ks))))
+    out = {f"{prefix}/pass@{k}": float(v) for k, v in zip(ks, mean_passk_curve(n, counts_p, ks))}
+    for code, name in enumerate(passk.REGIMES):
+        sel = codes_p == code
+        out[f"{prefix}/{name}/count"] = float(sel.sum())
+        for j in sorted({0, len(ks) - 1}):
+            out[f"{prefix}/{name}/pass@{ks[j]}"] = float(curve_pk[sel, j].mean()) if sel.any() else float("nan")
+    return out
 
 
 def _as_counts(name: str, c: Any, num: int | None) -> np.ndarray:

@@ -30,6 +30,7 @@ __all__ = [
     "plot_bars",
     "plot_budget_curves",
     "plot_tradeoff",
+    "plot_training_path",
 ]
 
 
@@ -382,4 +383,49 @@ def plot_tradeoff(
     if title:
         ax.set_title(title, fontsize=10)
     _legend(ax, len(paths))
+    return _save(fig, path)
+
+
+def plot_training_path(record: Mapping[str, Any], path: str | os.PathLike) -> pathlib.Path:
+    """pass@k along training (``jaxrl_vr.eval.training_path``): left, pass@k against the RL
+    step, one line per k; right, the pass@1–pass@n path, all prompts and each non-empty
+    regime, from the base (step 0, hollow marker) to the last evaluation (labelled)."""
+    points, ks, n = record["points"], list(record["ks"]), int(record["n"])
+    fig = Figure(figsize=(11.0, 4.2))
+    left = fig.add_subplot(1, 2, 1)
+    colors = _colors(len(ks))
+    for i, k in enumerate(ks):
+        pts = [(p["step"], p["pass_at_k"].get(str(k))) for p in points]
+        pts = np.asarray([xy for xy in pts if xy[1] is not None], np.float64).reshape(-1, 2)
+        left.plot(pts[:, 0], pts[:, 1], marker=_MARKERS[i % len(_MARKERS)], markersize=3,
+                  linestyle=_LINESTYLES[i % len(_LINESTYLES)], color=colors[i], label=f"pass@{k}")
+    left.set_xlabel("RL step (0 = base)")
+    left.set_ylabel("held-out pass@k")
+    left.set_ylim(0.0, 1.02)
+    left.set_title(f"pass@k during training (n = {n})", fontsize=10)
+    left.grid(True, alpha=0.3)
+    _legend(left, len(ks))
+    right = fig.add_subplot(1, 2, 2)
+    lines = {"all": [(p["pass_at_k"].get("1"), p["pass_at_k"].get(str(n)), p["step"]) for p in points]}
+    for name in points[0]["regimes"]:
+        if any(p["regimes"][name]["count"] for p in points):
+            lines[name] = [(p["regimes"][name].get("pass@1"), p["regimes"][name].get(f"pass@{n}"), p["step"])
+                           for p in points]
+    colors = _colors(len(lines))
+    for i, (name, xys) in enumerate(lines.items()):
+        xys = [xy for xy in xys if xy[0] is not None and xy[1] is not None]
+        if not xys:
+            continue
+        x, y = np.asarray([xy[0] for xy in xys]), np.asarray([xy[1] for xy in xys])
+        right.plot(x, y, marker=_MARKERS[i % len(_MARKERS)], markersize=3, linewidth=2.2 if i == 0 else 1.2,
+                   linestyle=_LINESTYLES[i % len(_LINESTYLES)], color=colors[i], label=name)
+        right.plot(x[:1], y[:1], marker="o", markersize=8, markerfacecolor="none", color=colors[i])
+        right.annotate(f"{xys[-1][2]}", (x[-1], y[-1]), fontsize=7, textcoords="offset points", xytext=(3, 3))
+    right.set_xlabel("pass@1")
+    right.set_ylabel(f"pass@{n}")
+    right.set_xlim(-0.02, 1.02)
+    right.set_ylim(-0.02, 1.02)
+    right.set_title("pass@1 vs pass@n path (hollow: base; label: last step)", fontsize=10)
+    right.grid(True, alpha=0.3)
+    _legend(right, len(lines))
     return _save(fig, path)

@@ -121,8 +121,10 @@ def write_report_md(
     *,
     title: str = "jaxrl_vr run report",
     images: Sequence[str] | None = None,
+    sections: Sequence[str] = (),
 ) -> pathlib.Path:
-    """Writes ``workdir/report.md``: scalar metrics, the pass@k table, linked plots.
+    """Writes ``workdir/report.md``: scalar metrics, the pass@k table, ``sections`` (Markdown
+    text, in order), linked plots.
 
     ``images``: file names (relative to workdir) to embed; default every *.png in workdir.
     """
@@ -143,6 +145,7 @@ def write_report_md(
             format_table(report),
             "",
         ]
+    parts += [section.rstrip("\n") + "\n" for section in sections]
     if images is None:
         images = sorted(p.name for p in workdir.glob("*.png")) if workdir.is_dir() else []
     if images:

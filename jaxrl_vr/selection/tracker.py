@@ -32,6 +32,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from jaxrl_vr.diagnostics import success_bins
 from jaxrl_vr.hooks import Hook
 from jaxrl_vr.trajectory import Trajectory
 
@@ -218,7 +219,12 @@ class PromptTracker(Hook):
         self.advance()
 
     def metrics(self, batch: Trajectory) -> dict[str, float]:
-        return self.summary()
+        """``summary()`` and the tracked pass rates of the batch's prompts (those with a valid
+        sample, this step's samples included) in ``jaxrl_vr.diagnostics.SUCCESS_BINS``, under
+        ``prompt_dist/tracked``."""
+        rate_p = self.pass_rate(batch.prompt_idx_p, prior=(0.0, 0.0))
+        return {**self.summary(), **success_bins(rate_p, np.asarray(batch.valid_pg).any(axis=1),
+                                                 "prompt_dist/tracked")}
 
     # --------------------------------------------------------------- training
     def advance(self, step: int | None = None) -> int:

@@ -45,8 +45,9 @@ from jaxrl_vr.train.budget import BudgetConfig
 from jaxrl_vr.train.methods import METHODS, AnchorSettings, PairingSettings
 from jaxrl_vr.train.optim import OptimConfig
 from jaxrl_vr.train.sft import SFTConfig
-from jaxrl_vr.train.sources import MODEL_SOURCES, TASK_SOURCES
+from jaxrl_vr.train.sources import MODEL_SOURCES, TASK_SOURCES, eval_set_name
 from jaxrl_vr.train.step import LossConfig
+from jaxrl_vr.train.workdir import config_of
 from jaxrl_vr.verifiers.hacks import DETECTORS, EPISODE_DETECTORS
 
 __all__ = ["BudgetConfig", "ConfigError", "EstimatorChoice", "EvalConfig", "ModelConfig",
@@ -217,6 +218,9 @@ class TaskConfig:
       num_sft_examples: supervised warm-start pairs of the builtin model.
       path, eval_path: files of rows for jsonl / parquet (eval_path "" = hold out
         ``eval_fraction`` of ``path`` by prompt hash).
+      eval_paths: more evaluation sets (.jsonl / .parquet files, comma-separated on the
+        command line), any task: each is evaluated before and after RL like the held-out
+        prompts and reported separately, named by its file stem (``eval_sets/<stem>/``).
       eval_fraction: held-out share of ``path`` when there is no eval_path; for humaneval
         the held-out share of the problems by task-id hash (1.0 = all of them held out).
       prompt_field, answer_field: field names of a row.
@@ -251,6 +255,7 @@ class TaskConfig:
     num_sft_examples: int = 20000
     path: str = ""
     eval_path: str = ""
+    eval_paths: tuple[str, ...] = ()
     eval_fraction: float = 0.1
     prompt_field: str = "prompt"
     answer_field: str = "answer"
@@ -280,6 +285,11 @@ class TaskConfig:
               "env=tools needs task.max_turns >= 2 (a call, then the answer).")
         _need(0.0 <= self.tool_share <= 1.0, f"tool_share={self.tool_share} must lie in [0, 1].")
         _need(self.num_train >= 0 and self.num_eval >= 0, "num_train and num_eval must be >= 0.")
+        stems = [eval_set_name(p) if p else "" for p in self.eval_paths]
+        _need(all(stems), f"eval_paths={list(self.eval_paths)} has an empty path.")
+        repeated = sorted({stem for stem in stems if stems.count(stem) > 1})
+        _need(not repeated, f"eval_paths has more than one file with the stem {repeated}: a set is named "
+              "by its file stem, so rename one.")
         if self.name == "arithmetic":
             _need(bool(self.levels) and set(self.levels) <= set(LEVELS),
                   f"levels={list(self.levels)} must be a non-empty subset of {list(LEVELS)}.")
@@ -355,6 +365,11 @@ class EvalConfig:
     separately from its pass@k samples and give the per-prompt p_base that assigns the
     regimes; 0 falls back to the base pass@k samples. ``max_new_tokens`` caps evaluation
     responses (0 = rl.max_new_tokens).
+
+    During training: every ``every`` RL steps (by step number: 0 = off) the current policy
+    draws ``during_samples`` samples per held-out prompt; pass@k for k = 1, 2, 4, …,
+    during_samples, overall and per regime, goes to the step's metrics. Its tokens are
+    counted (``eval/generated_tokens``) but not charged to ``rl.budget``.
     """
 
     num_samples: int = 16
@@ -362,8 +377,12 @@ class EvalConfig:
     prompts_per_chunk: int = 40
     base_calibration_samples: int = 256
     max_new_tokens: int = 0
+    every: int = 0
+    during_samples: int = 8
 
     def __post_init__(self):
+        _need(self.every >= 0, f"every must be >= 0 (0 = no evaluation during training), got {self.every}.")
+        _need(self.during_samples >= 1, f"during_samples must be >= 1, got {self.during_samples}.")
         _need(self.num_samples >= 1, "num_samples must be >= 1.")
         _need(self.base_calibration_samples >= 0, "base_calibration_samples must be >= 0.")
         _need(self.max_new_tokens >= 0, "max_new_tokens must be >= 0 (0 = rl.max_new_tokens).")
@@ -614,5 +633,6 @@ def upgrade_legacy(tree: dict) -> dict:
 
 
 def load_config(tree: dict[str, Any]) -> PipelineConfig:
-    """A stored config (``config.json``, either layout) as a PipelineConfig."""
-    return PipelineConfig.from_dict(upgrade_legacy(tree))
+    """A stored config (``config.json``, either layout; its records such as "versions"
+    left out) as a PipelineConfig."""
+    return PipelineConfig.from_dict(upgrade_legacy(config_of(tree)))

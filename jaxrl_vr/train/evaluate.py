@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Callable, NamedTuple, Sequence
 
 import jax
 import numpy as np
 
+from jaxrl_vr.eval.passk_eval import passk_scalars
 from jaxrl_vr.hooks import Hook
 from jaxrl_vr.layout import BASE_CALIBRATION, BASE_EVAL
 from jaxrl_vr.train.config import PipelineConfig
@@ -165,9 +167,10 @@ SANDBOXED_VERIFIERS = ("code", "humaneval")  # verifiers that run the completion
 
 
 def evaluate_counts(model, tokenizer, items, cfg: PipelineConfig, seed_offset: int, *,
-                    num_samples: int | None = None) -> dict:
+                    num_samples: int | None = None, step: int | None = None) -> dict:
     """``count_successes`` with the run's evaluation settings: ``num_samples`` (default
-    eval.num_samples) per prompt, the key ``cfg.seed * 7919 + seed_offset``.
+    eval.num_samples) per prompt, the key ``cfg.seed * 7919 + seed_offset`` (folded with
+    ``step`` when given: one stream per RL step).
 
     Chunks hold about ``prompts_per_chunk * eval.num_samples`` responses whatever
     ``num_samples`` is, so a 256-sample calibration does not build a larger KV cache.
@@ -179,16 +182,18 @@ def evaluate_counts(model, tokenizer, items, cfg: PipelineConfig, seed_offset: i
     sandboxed = any(it.verifier in SANDBOXED_VERIFIERS for it in items) and cfg.rl.verifier.workers > 0
     score, close = make_scorer(cfg.rl.verifier.workers if sandboxed else 0, cfg.rl.verifier.timeout_s)
     try:
-        return _evaluate_counts(model, tokenizer, items, cfg, seed_offset, num_samples, responses_per_chunk, score)
+        key = jax.random.key(cfg.seed * 7919 + seed_offset)
+        key = key if step is None else jax.random.fold_in(key, int(step))
+        return _evaluate_counts(model, tokenizer, items, cfg, key, num_samples, responses_per_chunk, score)
     finally:
         close()
 
 
-def _evaluate_counts(model, tokenizer, items, cfg, seed_offset, num_samples, responses_per_chunk, score):
+def _evaluate_counts(model, tokenizer, items, cfg, key, num_samples, responses_per_chunk, score):
     return count_successes(
         model, tokenizer, items, num_samples=num_samples,
         max_new_tokens=cfg.eval.max_new_tokens or cfg.rl.max_new_tokens,
-        key=jax.random.key(cfg.seed * 7919 + seed_offset), temperature=cfg.eval.temperature,
+        key=key, temperature=cfg.eval.temperature,
         prompts_per_chunk=max(1, responses_per_chunk // num_samples), chat=cfg.model.chat,
         system_prompt=cfg.model.system_prompt, success_threshold=cfg.rl.success_threshold,
         episodes=eval_runner(cfg, tokenizer), scorer=score)
@@ -199,6 +204,26 @@ def cached_evaluation(path: str, key: dict, model, tokenizer, items, cfg: Pipeli
     """``evaluate_counts`` cached in ``path`` under the digest of ``key`` (what produced it)."""
     return cached_counts(path, digest(key), lambda: evaluate_counts(
         model, tokenizer, items, cfg, seed_offset, num_samples=num_samples))
+
+
+# Seed offsets of the run's evaluations (``evaluate_counts``): base pass@k 1, final 2, PBA's
+# calibration 3, the regimes' calibration 4, pairing's calibration 5, during training 6; the
+# i-th set of task.eval_paths (i = 0, 1, ...) adds (i + 1) * EVAL_SET_SEED_SHIFT to 1, 2 and 4.
+DURING_TRAINING_SEED_OFFSET = 6
+EVAL_SET_SEED_SHIFT = 1000
+
+
+def evaluate_during_training(model, tokenizer, items, cfg: PipelineConfig, step: int, codes_p) -> dict:
+    """The policy after ``step`` RL steps on the held-out ``items``: eval.during_samples samples
+    per prompt (key folded with the step, so a resumed run draws the same samples), as
+    ``eval/pass@k`` for k = 1, 2, 4, …, n, per regime (``codes_p``) ``eval/<regime>/pass@1``
+    and ``/pass@n``, with ``eval/samples``, ``eval/generated_tokens`` and ``eval/time_s``."""
+    start = time.perf_counter()
+    n = cfg.eval.during_samples
+    result = evaluate_counts(model, tokenizer, items, cfg, DURING_TRAINING_SEED_OFFSET, num_samples=n, step=step)
+    return {**passk_scalars(result["counts"], n, codes_p=codes_p), "eval/samples": float(n),
+            "eval/generated_tokens": float(result["generated_tokens"]),
+            "eval/time_s": time.perf_counter() - start}
 
 
 class BaseEvaluation(NamedTuple):
@@ -222,19 +247,22 @@ class BaseEvaluation(NamedTuple):
 
 
 def evaluate_base(model, tokenizer, data, cfg: PipelineConfig, workdir: str, base_key: str, *,
-                  hooks: Sequence[Hook] = (), log=print) -> BaseEvaluation:
+                  hooks: Sequence[Hook] = (), log=print, seed_shift: int = 0) -> BaseEvaluation:
     """The base's success counts, each cached in the workdir under what produced it: the
     held-out pass@k samples, the regimes' calibration, and the base samples of every training
     prompt that a hook asks for (``Hook.calibration``: PBA's p_base, pairing's rates), which
-    the hook is handed (``Hook.calibrated``)."""
+    the hook is handed (``Hook.calibrated``). ``seed_shift`` moves the held-out evaluations'
+    seed offsets (an extra evaluation set's own streams, cached in its own directory)."""
     n, n_cal = cfg.eval.num_samples, cfg.eval.base_calibration_samples
-    heldout = {"base": base_key, "items": [it.uid for it in data.heldout]}
+    heldout = {"base": base_key, "items": [it.uid for it in data.heldout],
+               **({"seed_shift": seed_shift} if seed_shift else {})}
     train = {"base": base_key, "items": [it.uid for it in data.train],
              "T": cfg.eval.max_new_tokens or cfg.rl.max_new_tokens}
     # (what for, file, cache key, items, seed offset, samples per prompt)
-    requests = [("pass@k", BASE_EVAL, {**heldout, "n": n}, data.heldout, 1, n)]
+    requests = [("pass@k", BASE_EVAL, {**heldout, "n": n}, data.heldout, 1 + seed_shift, n)]
     if n_cal > 0:  # else the regimes come from the pass@k samples
-        requests.append(("regimes", BASE_CALIBRATION, {**heldout, "n_cal": n_cal}, data.heldout, 4, n_cal))
+        requests.append(("regimes", BASE_CALIBRATION, {**heldout, "n_cal": n_cal}, data.heldout,
+                         4 + seed_shift, n_cal))
     for hook in hooks:
         if hook.calibration is not None:
             request = hook.calibration

@@ -2,7 +2,7 @@
 
     hooks.begin_step → strategy(sample_round, next_prompts) → hooks.observe(every sample)
     → hooks.annotate(batch) → build (advantages, log-probs) → update → metrics
-    → checkpoints → hooks.after_step
+    → [periodic evaluation, on its steps] → checkpoints → hooks.after_step
 
 The driver holds the loop state (train state, PRNG key, estimator state) and the budget;
 the host state of the prompt source and of every hook with a ``state_key`` is saved beside
@@ -25,7 +25,22 @@ from jaxrl_vr.train.saving import RunInterrupted, catch_signals, restore_signals
 from jaxrl_vr.train.update import LoopState
 from jaxrl_vr.trajectory import Trajectory
 
-__all__ = ["Collected", "RLTrainer", "RunInterrupted"]
+__all__ = ["Collected", "PeriodicEval", "RLTrainer", "RunInterrupted"]
+
+
+class PeriodicEval(NamedTuple):
+    """``evaluate(step, model) -> metrics`` of the policy after every ``every``-th RL step.
+
+    Due by step number, so a resumed run keeps the schedule: the steps it replays after its
+    checkpoint are evaluated again (with the same samples when ``evaluate`` keys them by the
+    step), the steps before are not. Its samples are not charged to the budget.
+    """
+
+    every: int
+    evaluate: Callable[[int, nnx.Module], dict]
+
+    def due(self, step: int) -> bool:
+        return self.every > 0 and step % self.every == 0
 
 
 class Collected(NamedTuple):
@@ -38,13 +53,15 @@ class Collected(NamedTuple):
 
 class RLTrainer:
     """RL on the policy of ``parts`` (module docstring); ``calibration_tokens`` were spent on
-    calibration passes before RL (charged to the budget when ``rl.budget`` says so)."""
+    calibration passes before RL (charged to the budget when ``rl.budget`` says so);
+    ``periodic_eval`` adds its metrics to the rows of the steps it is due at."""
 
     def __init__(self, parts: Parts, *, calibration_tokens: float = 0.0,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, periodic_eval: PeriodicEval | None = None):
         self.parts, self.state, self.log = parts, parts.initial_state, log
         self.budget = Budget(calibration_tokens=float(calibration_tokens))
         self._released_after_first_rollout = False
+        self.periodic_eval = periodic_eval
 
     def model(self):
         """The current policy as an nnx Module."""
@@ -149,11 +166,13 @@ class RLTrainer:
             for step in range(start, end):
                 if self.budget_spent():
                     break
-                scalars = writer.write(step + 1, self.step(step))
-                rows.append({"step": step + 1, **scalars})
+                row, done = self.step(step), step + 1
+                if self.periodic_eval is not None and self.periodic_eval.due(done):
+                    row.update(self.periodic_eval.evaluate(done, self.model()))
+                scalars = writer.write(done, row)
+                rows.append({"step": done, **scalars})
                 bar.update(scalars, keys=("reward", "pass_rate", "kl") + (
                     ("verifier_errors",) if scalars.get("verifier_errors") else ()))
-                done = step + 1
                 p.checkpoints.after_step(done, final=done == end or self.budget_spent() or bool(stop),
                                          snapshot=lambda: self.snapshot(done), spent=self.budget)
                 if on_step is not None:

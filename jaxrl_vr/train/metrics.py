@@ -3,7 +3,8 @@
 ``MetricsWriter.write(step, metrics)`` appends one JSON object per step to
 ``<workdir>/metrics.jsonl`` (opened in append mode, so a resumed run continues the same
 file; rows after the resume step are dropped first so the file never holds a step
-twice) and the scalars to TensorBoard (tensorboardX) under ``<workdir>/tb``.
+twice) and the scalars to TensorBoard (tensorboardX) under ``<workdir>/tb``, with the
+``jaxrl_vr.diagnostics.Histogram`` entries as TensorBoard histograms.
 """
 
 from __future__ import annotations
@@ -19,14 +20,18 @@ import numpy as np
 
 from jaxrl_vr import layout
 from jaxrl_vr.credit import signal_stats
+from jaxrl_vr.diagnostics import Histogram, one_positive_frac, prompt_weights, success_bins, weight_stats
 from jaxrl_vr.envs.signals import SIGNALS
 from jaxrl_vr.trajectory import Trajectory
 
 
 def to_scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """Python floats of every scalar entry (arrays of size 1, numpy/jax scalars, numbers)."""
+    """Python floats of every scalar entry (arrays of size 1, numpy/jax scalars, numbers);
+    ``Histogram`` entries are left out."""
     out = {}
     for name, value in metrics.items():
+        if isinstance(value, Histogram):
+            continue
         if isinstance(value, (bool, int, float, np.number, np.bool_)):
             out[name] = float(value)
             continue
@@ -84,6 +89,10 @@ class MetricsWriter:
             for name, value in scalars.items():
                 if math.isfinite(value):
                     self._tb.add_scalar(name, value, int(step))
+            for name, value in metrics.items():
+                values = np.asarray(value.values, np.float64) if isinstance(value, Histogram) else None
+                if values is not None and values.size and np.isfinite(values).all():
+                    self._tb.add_histogram(name, values, int(step))
             self._tb.flush()
         return scalars
 
@@ -264,7 +273,10 @@ def rollout_metrics(batch: Trajectory, sampled: Trajectory, *, success_threshold
       step (tokens, samples, seconds, verifier statuses) and the strategy's own record; for
       environment episodes, per intermediate signal ``credit/<signal>/mean`` (over the turns
       where it applies) and ``credit/<signal>/corr_verdict`` (Pearson's r with success over
-      the episodes that have it; NaN when undefined).
+      the episodes that have it; NaN when undefined); the batch's prompt weights
+      (``prompt_weights/ess``, ``ess_frac``, ``max_over_mean``, ``prompts``), its prompts'
+      success in fixed bins (``prompt_dist/observed/<bin>``, and a ``Histogram``) and
+      ``one_positive_frac`` (``jaxrl_vr.diagnostics``).
     """
     valid_pg = np.asarray(batch.valid_pg, bool)
     valid_b = valid_pg.reshape(-1)
@@ -328,4 +340,9 @@ def rollout_metrics(batch: Trajectory, sampled: Trajectory, *, success_threshold
     tokens_b = np.maximum(loss_mask_bt.sum(axis=1), 1)
     adv_b = np.where(loss_mask_bt, np.asarray(batch.adv_bt), 0.0).sum(axis=1) / tokens_b
     out.update(masked_stats(adv_b, valid_b, "adv"))
+    # What reached the update (jaxrl_vr.diagnostics): prompt weights, success bins, one-positive groups.
+    out.update(weight_stats(*prompt_weights(batch.per_group(adv_b), rewards_pg, valid_pg)))
+    rate_p = np.where(valid_pg, success_pg, False).sum(axis=1) / np.maximum(valid_pg.sum(axis=1), 1)
+    out.update(success_bins(rate_p, group_ok, "prompt_dist/observed"))
+    out["one_positive_frac"] = one_positive_frac(success_pg, valid_pg)
     return out

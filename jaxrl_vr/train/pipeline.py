@@ -11,9 +11,14 @@
    n samples of each held-out prompt for pass@k (``base_eval.json``), an independent
    calibration that assigns the regimes (``base_calibration.json``), and the base samples
    of every training prompt that a part asks for (PBA's p_base, pairing's rates).
-4. RL with ``RLTrainer`` (checkpointed, resumable, stops at rl.steps or the token budget).
-5. Evaluate the trained policy on the same prompts; write summary.json, report.md, plots;
-   export the policy with ``save_pretrained`` into ``<workdir>/export``.
+4. RL with ``RLTrainer`` (checkpointed, resumable, stops at rl.steps or the token budget),
+   with ``eval.every``'s evaluations of the current policy (``eval.during_samples`` per
+   held-out prompt, by step number, not charged to the budget).
+5. Evaluate the trained policy on the same prompts; write summary.json, report.md, plots
+   (and eval_during.json / .png: pass@k along training; the regime table under shifted
+   cutoffs and by p_base bin); evaluate each ``task.eval_paths`` set before and after RL
+   (``train.eval_sets``: eval_sets/<stem>/); export the policy with ``save_pretrained``
+   into ``<workdir>/export``.
 
 A finished workdir is not redone: re-running prints where its summary is (pass
 ``reevaluate=True`` to evaluate again into a new file).
@@ -26,16 +31,18 @@ import time
 from typing import Callable
 
 from jaxrl_vr import eval as eval_lib
-from jaxrl_vr import layout
+from jaxrl_vr import layout, passk
 from jaxrl_vr.atomic import write_json
 from jaxrl_vr.config_tree import to_tree
 from jaxrl_vr.host_memory import release_free_heap
 from jaxrl_vr.train.config import PipelineConfig, upgrade_legacy, validate
-from jaxrl_vr.train.evaluate import episode_rates, evaluate_base, evaluate_counts
-from jaxrl_vr.train.loop import RLTrainer
+from jaxrl_vr.train.eval_sets import evaluate_sets_base, evaluate_sets_final
+from jaxrl_vr.train.evaluate import episode_rates, evaluate_base, evaluate_counts, evaluate_during_training
+from jaxrl_vr.train.loop import PeriodicEval, RLTrainer
 from jaxrl_vr.train.parts import build_parts
-from jaxrl_vr.train.sources import check_model_source, export_policy, load_policy, load_task
+from jaxrl_vr.train.sources import check_model_source, export_policy, load_eval_sets, load_policy, load_task
 from jaxrl_vr.train.workdir import digest, prepare_workdir
+from jaxrl_vr.versions import versions
 
 __all__ = ["run_pipeline"]
 
@@ -60,6 +67,15 @@ def report_title(cfg: PipelineConfig) -> str:
     return f"jaxrl_vr: {model} on {data}"
 
 
+def _during_training(model, tokenizer, items, cfg: PipelineConfig, step: int, codes_p, log) -> dict:
+    """``eval.every``'s evaluation after ``step`` RL steps, with a log line."""
+    metrics = evaluate_during_training(model, tokenizer, items, cfg, step, codes_p)
+    n = cfg.eval.during_samples
+    log(f"[eval] step {step}: held-out pass@1 {metrics['eval/pass@1']:.4f}, pass@{n} "
+        f"{metrics[f'eval/pass@{n}']:.4f} ({len(items)} prompts × {n} samples)")
+    return metrics
+
+
 def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None] = print,
                  stop_after: int | None = None, reevaluate: bool = False) -> dict:
     """Runs (or resumes) the whole experiment; returns the summary dict.
@@ -77,10 +93,12 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
     tree = to_tree(cfg)
     data = load_task(cfg)
     log(f"[task] {data.split.describe()}")
+    eval_sets = load_eval_sets(cfg)
     check_model_source(cfg)
+    run_versions = versions()
     workdir, finished, replaced = prepare_workdir(
         workdir, tree, defaults=to_tree(PipelineConfig()), upgrade=upgrade_legacy,
-        steps=cfg.rl.steps, budget=cfg.rl.budget)
+        steps=cfg.rl.steps, budget=cfg.rl.budget, record={"versions": run_versions})
     if replaced:
         log(f"[run] {workdir}: its earlier run stopped before its first step; this config replaces "
             f"its config.json ({replaced})")
@@ -93,9 +111,11 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
     policy = load_policy(cfg, workdir, data, log=log)
     t_base = time.perf_counter() - t0
     base_info = policy.info
-    # remat changes no sampled token: leave it out, so runs before the key existed keep their base.
+    # What the base evaluations depend on: not the evaluations during training, and not remat
+    # (it changes no sampled token), so runs from before either key keep their base.
+    base_eval_keys = {k: v for k, v in tree["eval"].items() if k not in ("every", "during_samples")}
     model_key = {k: v for k, v in tree["model"].items() if k != "remat"}
-    base_key = digest({"base": base_info, "seed": cfg.seed, "eval": tree["eval"], "model": model_key})
+    base_key = digest({"base": base_info, "seed": cfg.seed, "eval": base_eval_keys, "model": model_key})
     model, tokenizer = policy.model, policy.tokenizer
     del policy  # `model` is the one reference to the base weights (see the release below)
 
@@ -110,12 +130,21 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
         base_eval, calibration, n = base.evaluation, base.calibration, cfg.eval.num_samples
         log(f"[base] held-out pass@1 = {base_eval['counts'].mean() / n:.4f} ({len(data.heldout)} "
             f"prompts × {n} samples; regimes from {base.regime_n} calibration samples)")
+        codes_p = passk.regime(base.regime_counts / base.regime_n, n=base.regime_n)  # the final table's
+        t0 = time.perf_counter()
+        set_bases = evaluate_sets_base(model, tokenizer, eval_sets, cfg, workdir, base_key, log=log)
+        t_sets = time.perf_counter() - t0
         if parts is not None:
             # The trainer holds its own copy of the params (and the parts hold the base params
             # when a KL term reads them): the base model is freed before the first update,
             # whose temporaries reuse its memory (-540 MB of peak for SmolLM2-135M in fp32).
             model = None
-            trainer = RLTrainer(parts, calibration_tokens=base.calibration_tokens, log=log)
+            periodic = None
+            if cfg.eval.every > 0:
+                periodic = PeriodicEval(cfg.eval.every, lambda step, policy: _during_training(
+                    policy, tokenizer, data.heldout, cfg, step, codes_p, log))
+            trainer = RLTrainer(parts, calibration_tokens=base.calibration_tokens, log=log,
+                                periodic_eval=periodic)
             t0 = time.perf_counter()
             rows = trainer.run(stop_after=stop_after)
             t_rl = time.perf_counter() - t0
@@ -142,12 +171,32 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
             reference_n=base.regime_n if "counts" in calibration else 0)
         for line in inversion["verdict"]:
             log(f"[eval] {line}")
+    # The regime table under shifted cutoffs and by p_base bin (jaxrl_vr.eval.sensitivity).
+    sensitivity = eval_lib.regime_sensitivity(base_eval["counts"], n, final_eval["counts"], n,
+                                              base.regime_counts / base.regime_n, regime_n=base.regime_n)
+    t0 = time.perf_counter()
+    set_summaries, set_sections = evaluate_sets_final(
+        model, tokenizer, set_bases, cfg, workdir, trained=trainer is not None, log=log,
+        step=int(trainer.parts.checkpoints.latest_step() or 0) if trainer is not None else 0)
+    t_sets += time.perf_counter() - t0
     plots = {"passk": str(eval_lib.plot_passk(report["pass_at_k"]["base"], report["pass_at_k"]["final"],
                                               report["ks"], os.path.join(workdir, layout.PASSK_PLOT)))}
     if rows:
         plots["curves"] = str(eval_lib.plot_training_curves(
             os.path.join(workdir, layout.METRICS), os.path.join(workdir, layout.CURVES_PLOT),
             keys=CURVE_KEYS))
+    during = None
+    if trainer is not None and cfg.eval.every > 0 and os.path.isfile(os.path.join(workdir, layout.METRICS)):
+        path = eval_lib.training_path(
+            eval_lib.read_metrics_jsonl(os.path.join(workdir, layout.METRICS)), base_counts_p=base_eval["counts"],
+            base_n=n, codes_p=codes_p, n=cfg.eval.during_samples, every=cfg.eval.every)
+        if path["evaluations"]:
+            write_json(os.path.join(workdir, layout.EVAL_DURING), path)
+            plots["eval_during"] = str(eval_lib.plot_training_path(path, os.path.join(workdir, layout.EVAL_DURING_PLOT)))
+            last = path["points"][-1]
+            during = {"every": path["every"], "n": path["n"], "evaluations": path["evaluations"],
+                      "generated_tokens": path["generated_tokens"], "file": layout.EVAL_DURING,
+                      "last_step": last["step"], "last_pass_at_k": last["pass_at_k"]}
     budget = trainer.budget.as_dict() if trainer is not None else {}
     steps_done = int(trainer.parts.checkpoints.latest_step() or 0) if trainer is not None else 0
     export_dir = None
@@ -164,9 +213,14 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
         "regime_counts": report["regime_counts"],
         "inversion": inversion,
         "budget": {**budget, "eval_generated_tokens": base_eval["generated_tokens"]
-                   + final_eval["generated_tokens"] + calibration["generated_tokens"]},
+                   + final_eval["generated_tokens"] + calibration["generated_tokens"]
+                   + (during["generated_tokens"] if during else 0.0)
+                   + sum(entry["generated_tokens"] for entry in set_summaries.values())},
+        "eval_during": during,
+        "regime_sensitivity": sensitivity,
+        "eval_sets": set_summaries,
         "wall_time_s": {"base": t_base, "base_eval": t_base_eval, "rl": t_rl,
-                        "final_eval": t_final_eval, "total": total},
+                        "final_eval": t_final_eval, "eval_sets": t_sets, "total": total},
         "wall_time_total_s": total,
         "generated_tokens": budget.get("generated_tokens", 0.0),
         "calibration_tokens": budget.get("calibration_tokens", 0.0),
@@ -178,6 +232,7 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
         "final_train_reward": rows[-1].get("reward") if rows else None,
         "plots": plots,
         "export_dir": export_dir,
+        "versions": run_versions,
     }
     if "episodes" in base_eval:  # multi-turn: how the policy used its tools, before and after
         for when, result in (("base", base_eval), ("final", final_eval)):
@@ -186,7 +241,8 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
     if reevaluate and finished is not None:
         write_json(os.path.join(workdir, layout.SUMMARY_REEVALUATED), eval_lib.to_jsonable(summary))
     else:
-        eval_lib.write_report(summary, workdir, title=report_title(cfg))
+        eval_lib.write_report(summary, workdir, title=report_title(cfg),
+                              sections=[eval_lib.sensitivity_markdown(sensitivity), *set_sections])
     if cfg.run.print_table:
         log(eval_lib.format_table(report))
         log(f"held-out pass@1: base {summary['base_pass_at_1']:.4f} -> final "

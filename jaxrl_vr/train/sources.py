@@ -273,6 +273,41 @@ def load_task(cfg: PipelineConfig) -> TaskData:
     return data
 
 
+def eval_set_name(path: str) -> str:
+    """The name of an extra evaluation set: its file stem (``data/gsm_hard.jsonl`` -> ``gsm_hard``)."""
+    return os.path.splitext(os.path.basename(os.path.normpath(path)))[0]
+
+
+def load_eval_sets(cfg: PipelineConfig) -> dict[str, list]:
+    """``task.eval_paths``: {file stem: its TaskItems}, each file's rows read like task.path's
+    (``task.prompt_field`` / ``answer_field``; a row's own "verifier", else task.verifier; the
+    instruction appended; every row used).
+
+    Raises ValueError naming the key, the file and the fix, before any model is loaded, when a
+    file is missing, empty, holds no usable row or repeats a prompt, or names an unknown verifier.
+    """
+    task, sets = cfg.task, {}
+    for path in task.eval_paths:
+        if not os.path.isfile(path):
+            raise ValueError(f"task.eval_paths: {path!r} is not a file (relative to {os.getcwd()}); "
+                             "give .jsonl or .parquet files, comma-separated.")
+        try:
+            loaded = load_task_file(path, prompt_key=task.prompt_field, answer_key=task.answer_field)
+        except ValueError as err:  # a repeated prompt
+            raise ValueError(f"task.eval_paths: {err}") from None
+        for problem in loaded.problems[:5]:
+            print(f"[task] skipped {problem}")
+        if not loaded.items:
+            raise ValueError(f"task.eval_paths: {path!r} holds no usable rows ({len(loaded.problems)} skipped); "
+                             f'give one {{"{task.prompt_field}": ..., "{task.answer_field}": ...}} row per line.')
+        items = [it if it.verifier != "math" or task.verifier == "math"
+                 else dataclasses.replace(it, verifier=task.verifier) for it in loaded.items]
+        for name in sorted({it.verifier for it in items}):
+            check_verifier(name)
+        sets[eval_set_name(path)] = with_instruction(items, task.instruction)
+    return sets
+
+
 # ----------------------------------------------------------------------------------- models
 
 

@@ -30,7 +30,19 @@ RESUMABLE_KEYS = (
     "rl.verifier.workers",
     "rl.verifier.timeout_s",
     "eval.prompts_per_chunk",
+    "eval.every",  # evaluations during training: they change no training result
+    "eval.during_samples",
 )
+
+
+# Top-level keys of config.json that record the process that wrote it (library versions),
+# not the config: never compared, and left out by ``config_of``.
+RECORD_KEYS = ("versions",)
+
+
+def config_of(stored: dict) -> dict:
+    """A stored config.json's config tree, without its records (``RECORD_KEYS``)."""
+    return {k: v for k, v in stored.items() if k not in RECORD_KEYS}
 
 
 class WorkdirError(RuntimeError):
@@ -96,8 +108,10 @@ def finished_summary(workdir: str, steps: int, budget: BudgetConfig) -> dict | N
 
 def prepare_workdir(workdir: str, config_tree: dict, defaults: dict | None = None, *,
                     upgrade: Callable[[dict], dict] = lambda tree: tree, steps: int = 0,
-                    budget: BudgetConfig = BudgetConfig()) -> RunDir:
-    """Creates the workdir or checks it belongs to this config; writes config.json.
+                    budget: BudgetConfig = BudgetConfig(), record: dict | None = None) -> RunDir:
+    """Creates the workdir or checks it belongs to this config; writes config.json (the
+    config tree and ``record``'s top-level keys, e.g. {"versions": ...}: see ``RECORD_KEYS``;
+    a finished run keeps its stored record).
 
     A key the stored config lacks (written before the key existed) matches when the new
     value equals its default in ``defaults`` (the config tree of the defaults), so a
@@ -117,10 +131,12 @@ def prepare_workdir(workdir: str, config_tree: dict, defaults: dict | None = Non
     """
     workdir = check_workdir(workdir)
     path = os.path.join(workdir, layout.CONFIG)
-    replaced = ""
+    replaced, stored_record = "", {}
     if os.path.exists(path):
         with open(path) as f:
-            stored = upgrade(json.load(f))
+            stored = json.load(f)
+        stored_record = {k: v for k, v in stored.items() if k in RECORD_KEYS}
+        stored = upgrade(config_of(stored))
         a, b = flatten(stored), flatten(config_tree)
         default = flatten(defaults or {})
         diffs = [k for k in sorted(set(a) | set(b))
@@ -138,7 +154,11 @@ def prepare_workdir(workdir: str, config_tree: dict, defaults: dict | None = Non
                            "written by this pipeline. Choose a new --workdir.")
     finished = finished_summary(workdir, steps, budget)
     os.makedirs(workdir, exist_ok=True)
-    write_json(path, config_tree)
+    record = record or {}
+    if set(record) - set(RECORD_KEYS):
+        raise ValueError(f"record keys {sorted(set(record) - set(RECORD_KEYS))} are not in RECORD_KEYS.")
+    # A finished run keeps the record of the process that ran it.
+    write_json(path, {**config_tree, **record, **(stored_record if finished is not None else {})})
     return RunDir(workdir, finished, replaced)
 
 

@@ -1,10 +1,14 @@
-"""ProgressBar: plain lines every N steps / S seconds when the stream is not a terminal."""
+"""ProgressBar: plain lines every N steps / S seconds when the stream is not a terminal;
+MetricsWriter: scalars to metrics.jsonl and TensorBoard, histograms to TensorBoard only."""
 
 import io
+import os
 
+import numpy as np
 import pytest
 
-from jaxrl_vr.train.metrics import ProgressBar, _duration
+from jaxrl_vr.diagnostics import Histogram
+from jaxrl_vr.train.metrics import MetricsWriter, ProgressBar, _duration, read_jsonl
 
 
 class FakeClock:
@@ -100,3 +104,33 @@ def test_evaluation_progress_in_a_log_file_is_plain_lines_of_chunks():
     text = stream.getvalue()
     assert "\r" not in text and text.splitlines()[-1].startswith("final chunk 3/3 (100%) | 0.5 chunk/s")
     assert "tok/s" not in text
+
+
+def _tensorboard_events(directory):
+    """(tag, kind) of every summary value in the TFRecord event files under ``directory``."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    found = []
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name), "rb") as f:
+            data = f.read()
+        offset = 0
+        while offset < len(data):
+            (length,) = struct.unpack("<Q", data[offset:offset + 8])
+            event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+            offset += 12 + length + 4
+            for value in event.summary.value:
+                found.append((value.tag, value.WhichOneof("value")))
+    return found
+
+
+def test_histograms_go_to_tensorboard_and_not_to_metrics_jsonl(tmp_path):
+    writer = MetricsWriter(str(tmp_path), tensorboard=True)
+    scalars = writer.write(1, {"one_positive_frac": 0.25, "prompt_dist/observed": Histogram(np.array([0.0, 0.5, 1.0]))})
+    writer.close()
+    assert scalars == {"one_positive_frac": 0.25}
+    assert read_jsonl(str(tmp_path / "metrics.jsonl")) == [{"step": 1, "one_positive_frac": 0.25}]
+    events = _tensorboard_events(str(tmp_path / "tb"))
+    assert ("one_positive_frac", "simple_value") in events and ("prompt_dist/observed", "histo") in events

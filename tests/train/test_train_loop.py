@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from jaxrl_vr.diagnostics import SUCCESS_BINS
 from jaxrl_vr.hooks import Hook
 from jaxrl_vr.models.tokenizers import CharTokenizer
 from jaxrl_vr.tasks import arithmetic
@@ -109,8 +110,17 @@ def test_four_steps_equal_two_plus_resume_plus_two(tmp_path):
         "budget/generated_tokens",
         "estimator/window_fill",
         "tracker/frac_seen",
+        "prompt_weights/ess",
+        "prompt_weights/prompts",
+        "one_positive_frac",
+        "prompt_dist/observed/0",
+        "prompt_dist/tracked/0.75-1",
     ):
         assert key in row and np.isfinite(row[key]), key
+    # The batch's P = 2 prompts: their success bins sum to 1, their weights' ESS is at most 2.
+    for source in ("observed", "tracked"):
+        assert sum(row[f"prompt_dist/{source}/{b}"] for b in SUCCESS_BINS) == pytest.approx(1.0)
+    assert 0.0 <= row["prompt_weights/ess"] <= row["prompt_weights/prompts"] <= 2
     # 2 epochs × 2 minibatches: each token is trained on twice.
     assert row["trained_tokens"] == 2 * row["generated_tokens"]
     assert row["optimizer_steps"] == 4
