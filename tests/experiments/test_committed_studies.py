@@ -27,6 +27,8 @@ def test_a_committed_study_regenerates_its_tables_and_quoted_rows(study, tmp_pat
     table = compare.collect_table(os.path.join(folder, "runs"), settings.arms, settings.seeds,
                                   baseline=settings.baseline, num_samples=settings.num_samples,
                                   budget_fractions=settings.budget_fractions, contrasts=settings.contrasts)
+    assert all(table["per_run"].get(arm.name) for arm in settings.arms), \
+        f"{folder}/runs lacks per-run evidence of some arm (is it committed? .gitignore?)"
     written = compare.write_table(table, str(tmp_path), settings.token_budget)
     with open(written["markdown"]) as f:
         rebuilt = f.read()
