@@ -74,15 +74,19 @@ def prompt_keys(items) -> set[str]:
     return {normalize_prompt(item.prompt) for item in items}
 
 
-def drop_repeats(items, exclude: set[str] | frozenset[str] = frozenset()) -> tuple[list, int, int]:
+def drop_repeats(items, exclude: set[str] | frozenset[str] = frozenset(), *,
+                 seen: set[str] | frozenset[str] = frozenset(), limit: int | None = None) -> tuple[list, int, int]:
     """``items`` in order without those whose normalised prompt is in ``exclude`` or repeats
-    an earlier item's.
+    an earlier item's (or one of ``seen``); stops once ``limit`` items are kept.
 
     Returns:
       (kept items, repeats dropped, excluded dropped); an item that is both counts as excluded.
+      The items looked at are their sum.
     """
-    kept, seen, repeats, excluded = [], set(), 0, 0
+    kept, seen, repeats, excluded = [], set(seen), 0, 0
     for item in items:
+        if limit is not None and len(kept) == limit:
+            break
         key = normalize_prompt(item.prompt)
         if key in exclude:
             excluded += 1

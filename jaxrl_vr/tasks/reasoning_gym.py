@@ -11,7 +11,7 @@ import functools
 import json
 from typing import NamedTuple
 
-from jaxrl_vr.tasks.base import TaskItem, normalize_prompt
+from jaxrl_vr.tasks.base import TaskItem, drop_repeats
 
 try:  # imported here so a verifier worker pays it while resolving, not within an item's deadline
     import reasoning_gym
@@ -80,21 +80,10 @@ def draw_unique_items(name: str, *, seed: int, size: int, seen: set[str] | froze
     limit = MAX_DRAW_FACTOR * size + 100
     count = size
     while True:
-        taken, kept, repeats, excluded, looked = set(seen), [], 0, 0, 0
-        for item in make_reasoning_gym_items(name, seed=seed, size=count, **config):
-            if len(kept) == size:
-                break
-            looked += 1
-            key = normalize_prompt(item.prompt)
-            if key in exclude:
-                excluded += 1
-            elif key in taken:
-                repeats += 1
-            else:
-                taken.add(key)
-                kept.append(item)
+        kept, repeats, excluded = drop_repeats(make_reasoning_gym_items(name, seed=seed, size=count, **config),
+                                               exclude, seen=seen, limit=size)
         if len(kept) == size or count >= limit:
-            return UniqueDraw(kept, repeats, excluded, looked)
+            return UniqueDraw(kept, repeats, excluded, len(kept) + repeats + excluded)
         count = min(limit, max(2 * count, count + 2 * (size - len(kept))))
 
 
