@@ -9,7 +9,8 @@ such a CPU is told so before it starts (``mixed_precision_advice``), not left to
 
 x86 CPUs with bf16 dot instructions list ``avx512_bf16`` or ``amx_bf16`` in /proc/cpuinfo's
 ``flags``; Arm CPUs list ``bf16`` in ``Features``. Anything else, or no /proc/cpuinfo, is
-"unknown" and gets no advice.
+"unknown" and gets no advice. ``model.compute_dtype="auto"`` (the trainer's default) picks the
+policy from the same facts (``auto_compute_dtype``).
 """
 
 from __future__ import annotations
@@ -70,6 +71,41 @@ def mixed_precision_advice(compute_dtype: str | None, *, backend: str, cpuinfo: 
             "mixed precision runs slower than float32 here (AVX2 EPYC: 47 against 72 GFLOP/s). "
             "Leave model.compute_dtype empty for float32 on this machine; keep bfloat16 for "
             "GPUs, TPUs and CPUs with AVX512-BF16 or AMX.")
+
+
+AUTO_BF16_MIN_HIDDEN = 256
+"""``compute_dtype="auto"`` keeps float32 below this hidden size. A model that narrow (the
+embedded default's decoder is 96 wide) spends its step on per-op overhead, not matmuls, and
+float32 keeps its runs identical on every machine, with or without bf16 units; SmolLM2-135M
+(576) and larger get bf16 where it pays."""
+
+
+def auto_compute_dtype(*, param_dtype: str, hidden_size: int, backend: str, cpuinfo: str) -> tuple[str, str]:
+    """What ``model.compute_dtype="auto"`` picks, and why (one line for the run's log).
+
+    bfloat16 (bf16 operands, float32 accumulation, float32 master weights) on GPU and TPU
+    and on CPUs with bf16 dot units (``bf16_dot_units``), for float32 models at least
+    ``AUTO_BF16_MIN_HIDDEN`` wide; float32 elsewhere. A bf16-parameter model computes in
+    bf16 (its parameter dtype), as ``compute_dtype=""`` does.
+
+    Returns:
+      ("bfloat16" | "float32", reason).
+    """
+    if param_dtype == "bfloat16":
+        return "bfloat16", "the parameters are bfloat16"
+    if hidden_size < AUTO_BF16_MIN_HIDDEN:
+        return "float32", f"hidden size {hidden_size} < {AUTO_BF16_MIN_HIDDEN} (a small model stays float32)"
+    if backend in ("gpu", "tpu", "cuda", "rocm"):
+        return "bfloat16", f"mixed precision on {backend}"
+    if backend != "cpu":
+        return "float32", f"backend {backend!r}: float32 unless told otherwise"
+    units = bf16_dot_units(cpuinfo)
+    name = cpuinfo_field(cpuinfo, "model name") or "this CPU"
+    if units:
+        return "bfloat16", f"mixed precision: {name} has bf16 dot units (avx512_bf16 / amx_bf16 / Arm bf16)"
+    if units is False:
+        return "float32", f"{name} has no bf16 dot units, where float32 is faster"
+    return "float32", "no /proc/cpuinfo to tell whether this CPU has bf16 dot units"
 
 
 def summary() -> dict:

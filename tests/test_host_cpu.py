@@ -1,5 +1,6 @@
 """host_cpu: bf16 dot units from /proc/cpuinfo text; bf16 compute on a CPU without them warns."""
 
+import dataclasses
 import warnings
 
 import pytest
@@ -74,3 +75,44 @@ def test_set_compute_dtype_warns_where_bf16_is_slower(monkeypatch, cpuinfo, warn
     messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     assert len(messages) == int(warns)
     assert model.config.compute_dtype == "float32"  # the warning changes nothing
+
+
+@pytest.mark.parametrize("cpuinfo, backend, hidden, param_dtype, expected", [
+    (XEON_AMX, "cpu", 576, "float32", "bfloat16"),
+    (ZEN4_AVX512_BF16, "cpu", 896, "float32", "bfloat16"),
+    (GRAVITON3, "cpu", 576, "float32", "bfloat16"),
+    (EPYC_AVX2, "cpu", 576, "float32", "float32"),
+    (GRAVITON2, "cpu", 576, "float32", "float32"),
+    ("", "cpu", 576, "float32", "float32"),  # unknown CPU: float32
+    (EPYC_AVX2, "gpu", 576, "float32", "bfloat16"),
+    (EPYC_AVX2, "tpu", 576, "float32", "bfloat16"),
+    (XEON_AMX, "cpu", 96, "float32", "float32"),  # the embedded default's width stays float32
+    (XEON_AMX, "gpu", 96, "float32", "float32"),
+    (EPYC_AVX2, "cpu", 576, "bfloat16", "bfloat16"),  # bf16 parameters compute in bf16
+])
+def test_auto_compute_dtype_picks_bf16_only_where_it_pays(cpuinfo, backend, hidden, param_dtype, expected):
+    picked, why = host_cpu.auto_compute_dtype(param_dtype=param_dtype, hidden_size=hidden, backend=backend,
+                                              cpuinfo=cpuinfo)
+    assert picked == expected and why
+
+
+def test_auto_is_the_trainers_default_and_resolves_on_load(monkeypatch):
+    from jaxrl_vr.train.config import ModelConfig, PipelineConfig
+    from jaxrl_vr.train.sources import resolved_compute_dtype
+
+    assert ModelConfig().compute_dtype == "auto"
+    cfg = PipelineConfig()
+    lines = []
+    monkeypatch.setattr(host_cpu, "read_cpuinfo", lambda: XEON_AMX)
+    wide = DecoderConfig(vocab_size=16, hidden_size=576, intermediate_size=64, num_layers=1, num_heads=2,
+                         num_kv_heads=2, head_dim=8)
+    assert resolved_compute_dtype(cfg, wide, log=lines.append) == "bfloat16"
+    assert "bfloat16" in lines[-1] and "Platinum 8481C" in lines[-1]
+    narrow = wide.replace(hidden_size=96)
+    assert resolved_compute_dtype(cfg, narrow, log=lines.append) == ""  # float32 = the parameter dtype
+    monkeypatch.setattr(host_cpu, "read_cpuinfo", lambda: EPYC_AVX2)
+    assert resolved_compute_dtype(cfg, wide) == ""
+    explicit = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, compute_dtype="bfloat16"))
+    assert resolved_compute_dtype(explicit, wide) == "bfloat16"  # what is asked for is kept
+    with pytest.raises(ValueError, match="compute_dtype='bf16'"):
+        ModelConfig(compute_dtype="bf16")

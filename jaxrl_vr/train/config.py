@@ -319,7 +319,9 @@ class ModelConfig:
       path: the directory (hf) or file (gguf); "" for builtin / smollm2.
       dtype: parameter dtype, "float32" or "bfloat16".
       compute_dtype: matmul dtype ("bfloat16": bf16 operands with float32 accumulation);
-        "" = same as dtype.
+        "" = same as dtype; "auto" (the default) = bfloat16 on GPU, TPU and CPUs with bf16
+        dot units for float32 models at least 256 wide, else float32
+        (``jaxrl_vr.host_cpu.auto_compute_dtype``; the run's log says which and why).
       chat: wrap prompts in the tokenizer's chat template.
       system_prompt: system message for chat prompts (None = the template's default).
       remat: recompute each layer's activations in the backward pass (``jax.checkpoint``):
@@ -331,7 +333,7 @@ class ModelConfig:
     source: str = "builtin"
     path: str = ""
     dtype: str = "float32"
-    compute_dtype: str = ""
+    compute_dtype: str = "auto"
     chat: bool = False
     system_prompt: str | None = None
     remat: bool = False
@@ -345,8 +347,8 @@ class ModelConfig:
     def __post_init__(self):
         _need(self.source in MODEL_SOURCES, f"source: {MODEL_SOURCES.unknown(self.source)}")
         _need(self.dtype in DTYPES, f"dtype={self.dtype!r} is not one of {DTYPES}.")
-        _need(self.compute_dtype in ("",) + DTYPES,
-              f"compute_dtype={self.compute_dtype!r} is not one of {('',) + DTYPES}.")
+        _need(self.compute_dtype in ("", "auto") + DTYPES,
+              f"compute_dtype={self.compute_dtype!r} is not one of {('', 'auto') + DTYPES}.")
         _need(not (self.source == "builtin" and self.dtype != "float32"),
               "dtype applies to loaded models (hf, gguf, smollm2); the builtin model keeps "
               "float32 parameters: use compute_dtype=bfloat16 for bf16 matmuls.")

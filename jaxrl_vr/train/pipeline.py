@@ -115,7 +115,10 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
     # (it changes no sampled token), so runs from before either key keep their base.
     base_eval_keys = {k: v for k, v in tree["eval"].items() if k not in ("every", "during_samples")}
     model_key = {k: v for k, v in tree["model"].items() if k != "remat"}
+    if model_key.get("compute_dtype") == "auto":  # what it picked on this machine
+        model_key["compute_dtype"] = f"auto:{policy.model.config.matmul_dtype}"
     base_key = digest({"base": base_info, "seed": cfg.seed, "eval": base_eval_keys, "model": model_key})
+    matmul_dtype = str(policy.model.config.matmul_dtype)
     model, tokenizer = policy.model, policy.tokenizer
     del policy  # `model` is the one reference to the base weights (see the release below)
 
@@ -233,6 +236,7 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
         "plots": plots,
         "export_dir": export_dir,
         "versions": run_versions,
+        "matmul_dtype": matmul_dtype,  # model.compute_dtype as run ("auto" resolved)
     }
     if "episodes" in base_eval:  # multi-turn: how the policy used its tools, before and after
         for when, result in (("base", base_eval), ("final", final_eval)):

@@ -23,10 +23,11 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import jax
 import numpy as np
 from flax import nnx
 
-from jaxrl_vr import layout
+from jaxrl_vr import host_cpu, layout
 from jaxrl_vr.models import (Decoder, DecoderConfig, from_gguf, from_pretrained, save_pretrained,
                              set_compute_dtype, smollm2)
 from jaxrl_vr.models.gguf_io import check_gguf_header
@@ -479,11 +480,26 @@ def load_policy(cfg: PipelineConfig, workdir: str, data: TaskData, *, log=print)
     check_model_source(cfg)
     policy = MODEL_SOURCES[cfg.model.source].fn(cfg, workdir, data, log)
     check_chat_template(cfg, policy.tokenizer)
-    if cfg.model.compute_dtype:  # bf16 matmul operands with float32 accumulation (mixed precision)
-        set_compute_dtype(policy.model, cfg.model.compute_dtype)
+    compute_dtype = resolved_compute_dtype(cfg, policy.model.config, log=log)
+    if compute_dtype:  # bf16 matmul operands with float32 accumulation (mixed precision)
+        set_compute_dtype(policy.model, compute_dtype)
     if cfg.model.remat:  # recompute each layer in the backward pass (activation memory for time)
         policy.model.remat = True
     return policy
+
+
+def resolved_compute_dtype(cfg: PipelineConfig, model_config, *, log=None) -> str:
+    """``model.compute_dtype`` with "auto" resolved for this backend and CPU ("" = the
+    parameter dtype). "auto" logs what it picked and why (``host_cpu.auto_compute_dtype``)."""
+    requested = cfg.model.compute_dtype
+    if requested != "auto":
+        return requested
+    picked, why = host_cpu.auto_compute_dtype(param_dtype=str(model_config.param_dtype),
+                                              hidden_size=model_config.hidden_size,
+                                              backend=jax.default_backend(), cpuinfo=host_cpu.read_cpuinfo())
+    if log is not None:
+        log(f"[model] compute_dtype=auto: {picked} ({why})")
+    return "" if picked == str(model_config.param_dtype) else picked
 
 
 def export_policy(model, tokenizer, path: str) -> str:
