@@ -30,9 +30,20 @@ step from 160 to 92 s (docs/performance.md at 9f22ea1, "perf25"); measured witho
 flattered us. Both peers also inherit this process's environment, so an exported
 GLIBC_TUNABLES (for example transparent huge pages for malloc, "perf16") applies to both.
 
-Targets (issue 12): fp32 step ≤ 0.6 × TRL fp32; update ≥ 60 % of the same run's f32 matmul
-peak; bf16 step ≤ 0.6 × TRL bf16 (CPUs with bf16 units); rollout ≥ 2 × TRL's generation
-throughput; peak RSS ≤ 6 GB.
+Workloads (`--workloads`, `WORKLOADS`): `fixed64`, issue 12's (SmolLM2, P8 G8, 64 tokens with EOS
+suppressed, fp32 and bf16), and issue 43's in the precision a user of the machine would pick
+(bf16 where the CPU has bf16 dot units, else fp32): `ragged512` (SmolLM2, P8 G8, up to 512
+tokens, each sample stops at its own EOS), `wide_full` (wide-qwen2, 0.4B, P4 G8, 128 tokens,
+EOS suppressed, full fine-tuning) and `wide_lora16` (the same with LoRA rank 16 on all linear
+layers, TRL through PEFT).
+
+Targets. Issue 12 (fixed64): fp32 step ≤ 0.6 × TRL fp32; update ≥ 60 % of the same run's f32
+matmul peak; bf16 step ≤ 0.6 × TRL bf16 (CPUs with bf16 units); rollout ≥ 2 × TRL's generation
+throughput; peak RSS ≤ 6 GB. Issue 43: ragged512 step ≤ 0.5 × TRL and generated tokens per
+rollout second ≥ 2 × TRL's; wide_full step ≤ 0.6 × TRL and peak RSS ≤ TRL's leanest
+configuration; wide_lora16 step ≤ 0.6 × TRL + PEFT and peak RSS ≤ 0.6 × our wide_full.
+
+    python benchmarks/side_by_side.py --workloads ragged512,wide_full,wide_lora16 --trl-malloc keep
 """
 
 from __future__ import annotations
@@ -45,6 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -64,7 +76,45 @@ TARGETS = {
 }
 
 
-def target_verdicts(ratios: dict, bf16_dot_units: bool | None) -> list[dict]:
+class Workload(NamedTuple):
+    """One peer workload (shared/peers/README.md): the model dir under `$PEERS_ROOT/models`, P
+    prompts × G samples, the response cap, whether samples stop at EOS, LoRA rank (0 = full
+    fine-tuning), the precisions it runs in by default ("auto": bf16 where the CPU has bf16
+    dot units, else fp32: what a user of the machine would pick) and its targets, each a
+    (ratio name, "max" | "min", bound)."""
+
+    model: str
+    prompts: int
+    gens: int
+    max_new_tokens: int
+    allow_eos: bool
+    lora_rank: int
+    precisions: str
+    targets: tuple
+
+
+# Issue 43's workloads beside issue 12's. Cross-workload targets (LoRA's memory against our
+# full fine-tuning of the same model) are `CROSS_TARGETS`.
+WORKLOADS = {
+    "fixed64": Workload("smollm2-135m", 8, 8, 64, False, 0, "fp32,bf16", ()),  # TARGETS, per precision
+    "ragged512": Workload("smollm2-135m", 8, 8, 512, True, 0, "auto",
+                          (("step_ours_over_trl", "max", 0.5), ("rollout_tokens_per_s_over_trl", "min", 2.0))),
+    "wide_full": Workload("wide-qwen2", 4, 8, 128, False, 0, "auto",
+                          (("step_ours_over_trl", "max", 0.6), ("peak_rss_over_trl_leanest", "max", 1.0))),
+    "wide_lora16": Workload("wide-qwen2", 4, 8, 128, False, 16, "auto",
+                            (("step_ours_over_trl", "max", 0.6),)),
+}
+CROSS_TARGETS = (("wide_lora16", "wide_full", "peak_rss_mb_ours", "max", 0.6),)
+
+
+def resolve_precisions(text: str, bf16_dot_units: bool | None) -> list[str]:
+    """`--precisions` (or a workload's default) as a list; "auto" = bf16 on a CPU with bf16 dot
+    units (or unknown), fp32 on one without."""
+    return [("fp32" if bf16_dot_units is False else "bf16") if p == "auto" else p
+            for p in (part.strip() for part in text.split(",")) if p]
+
+
+def target_verdicts(ratios: dict, bf16_dot_units: bool | None, targets: dict | None = None) -> list[dict]:
     """Each issue-12 target against the summarised ratios (`summarise` per name, per precision).
 
     A target is "met" when its median meets the bound, and "met in every round" when the worst
@@ -73,7 +123,7 @@ def target_verdicts(ratios: dict, bf16_dot_units: bool | None) -> list[dict]:
     """
     verdicts = []
     for precision, summaries in ratios.items():
-        for name, kind, bound in TARGETS.get(precision, []):
+        for name, kind, bound in (TARGETS.get(precision, []) if targets is None else targets):
             applies = not (precision == "bf16" and name == "step_ours_over_trl" and bf16_dot_units is False)
             summary = summaries[name]
             worst = summary["max"] if kind == "max" else summary["min"]
@@ -140,16 +190,27 @@ def best_of_trl(configs: list[dict]) -> dict:
     best["best_rollout_s"] = min(c["median_rollout_s"] for c in configs)
     best["best_update_s"] = min(c["median_step_s"] - c["median_rollout_s"] for c in configs)
     best["configs"] = [{k: c.get(k) for k in ("micro_batch", "malloc", "median_step_s", "median_rollout_s",
-                                               "peak_rss_mb", "process", "load_1m_start", "load_1m_end")}
+                                               "mean_gen_tokens_per_step", "peak_rss_mb", "process",
+                                               "load_1m_start", "load_1m_end")}
                        for c in configs]
     return best
 
 
+def workload_flags(workload: Workload) -> list[str]:
+    """The flags both peers' scripts take for `workload`'s shape (-P, -G, new tokens, EOS, LoRA)."""
+    flags = ["-P", str(workload.prompts), "-G", str(workload.gens), "--max-new-tokens", str(workload.max_new_tokens)]
+    flags += ["--allow-eos"] if workload.allow_eos else []
+    flags += ["--lora-rank", str(workload.lora_rank)] if workload.lora_rank else []
+    return flags
+
+
 def run_pair(args, work: str, model_dir: str, trl_python: str, prompts: str, precision: str,
-             round_index: int, ours_first: bool) -> tuple[dict, dict]:
+             round_index: int, ours_first: bool, workload: Workload = WORKLOADS["fixed64"],
+             name: str = "fixed64") -> tuple[dict, dict]:
     """One back-to-back pair: our rl_step.py, and TRL's bench_trl.py in each of its configurations,
-    on the same prompts. Returns our record and TRL's best (`best_of_trl`)."""
-    tag = f"{precision}_r{round_index}"
+    on the same prompts and workload. Returns our record and TRL's best (`best_of_trl`)."""
+    tag = f"{name}_{precision}_r{round_index}"
+    shape = workload_flags(workload)
     ours_json = os.path.join(work, f"ours_{tag}.json")
     loads, usage = {}, {}
     trl_records = []
@@ -158,18 +219,21 @@ def run_pair(args, work: str, model_dir: str, trl_python: str, prompts: str, pre
         loads["ours"] = os.getloadavg()[0]
         command = [sys.executable, os.path.join(HERE, "rl_step.py"), "--model-dir", model_dir,
                    "--prompts-file", prompts, "--warmup", str(args.warmup), "--steps", str(args.steps),
-                   "--precision", precision, "--json", ours_json] + args.ours_args.split()
+                   "--precision", precision, "--json", ours_json] + shape + args.ours_args.split()
         usage["ours"] = run(command, os.path.join(work, f"ours_{tag}.log"))
 
     def trl_run():
+        batch = workload.prompts * workload.gens
         for micro_batch in trl_micro_batches(args.trl_micro_batch):
+            if micro_batch >= batch and 0 in trl_micro_batches(args.trl_micro_batch):
+                continue  # the same run as micro-batch 0 (all sequences at once)
             for malloc in trl_malloc_settings(args.trl_malloc):
                 name = f"trl_{tag}_mb{micro_batch}_{malloc}"
                 trl_json = os.path.join(work, f"{name}.jsonl")
                 load_start = os.getloadavg()[0]
                 command = [trl_python, os.path.join(args.peers_dir, "bench_trl.py"), "--model", model_dir,
                            "-W", str(args.warmup), "-N", str(args.steps), "--micro-batch", str(micro_batch),
-                           "--json-out", trl_json] + (["--bf16"] if precision == "bf16" else [])
+                           "--json-out", trl_json] + shape + (["--bf16"] if precision == "bf16" else [])
                 process = run(command, os.path.join(work, f"{name}.log"),
                               env=trl_env(args.trl_omp_wait_policy, malloc, os.environ.get("GLIBC_TUNABLES", "")))
                 record = json.loads(open(trl_json).read().splitlines()[-1])
@@ -188,10 +252,22 @@ def run_pair(args, work: str, model_dir: str, trl_python: str, prompts: str, pre
     return ours, trl
 
 
+def rollout_tokens_per_s(record: dict) -> float | None:
+    """Generated tokens per second of rollout: the mean real (not padding) tokens a step
+    generated over the median rollout time; None where the record lacks either."""
+    tokens, seconds = record.get("mean_gen_tokens_per_step"), record.get("median_rollout_s")
+    return tokens / seconds if tokens and seconds else None
+
+
 def pair_ratios(ours: dict, trl: dict) -> dict:
-    """The issue-12 ratios of one back-to-back pair, each against TRL's best figure
-    (`best_of_trl`; TRL's update = its step − its rollout)."""
+    """The ratios of one back-to-back pair, each against TRL's best figure (`best_of_trl`;
+    TRL's update = its step − its rollout; its leanest = the smallest peak RSS of any of its
+    configurations)."""
+    trl_rates = [rate for rate in map(rollout_tokens_per_s, trl["configs"]) if rate]
+    ours_rate = rollout_tokens_per_s(ours)
     return {
+        "rollout_tokens_per_s_over_trl": (ours_rate / max(trl_rates)) if ours_rate and trl_rates else float("nan"),
+        "peak_rss_over_trl_leanest": ours["peak_rss_mb"] / min(c["peak_rss_mb"] for c in trl["configs"]),
         "step_ours_over_trl": ours["median_step_s"] / trl["median_step_s"],
         "update_ours_over_trl": ours["median_update_s"] / trl["best_update_s"],
         "rollout_speedup_vs_trl": trl["best_rollout_s"] / ours["median_rollout_s"],
@@ -230,7 +306,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--peers-root", default=os.environ.get("PEERS_ROOT", os.path.expanduser("~/.cache/jaxrl_vr-peers")))
     parser.add_argument("--peers-dir", default=os.path.join(REPO, "..", "shared", "peers"),
                         help="folder with bench_trl.py and prompts.py")
-    parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--workloads", default="fixed64",
+                        help=f"comma-separated, from {', '.join(WORKLOADS)} (shared/peers/README.md; issue 43's: "
+                             "ragged512, wide_full, wide_lora16)")
+    parser.add_argument("--precisions", default="",
+                        help="fp32, bf16 or auto (bf16 where the CPU has bf16 dot units), comma-separated; "
+                             "default: the workload's own (fixed64: fp32,bf16; the others: auto)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=1,
@@ -254,78 +335,107 @@ def main(argv=None) -> dict:
 
     trl_micro_batches(args.trl_micro_batch)  # a bad list fails before any run
     trl_malloc_settings(args.trl_malloc)
-    model_dir = os.path.join(args.peers_root, "models", "smollm2-135m")
+    names = [name.strip() for name in args.workloads.split(",") if name.strip()]
+    unknown = [name for name in names if name not in WORKLOADS]
+    if not names or unknown:
+        raise SystemExit(f"--workloads {args.workloads!r}: choose from {', '.join(WORKLOADS)}, comma-separated")
     trl_python = os.path.join(args.peers_root, "venv-trl", "bin", "python")
-    for path in (model_dir, trl_python):
+    for path in [trl_python] + [os.path.join(args.peers_root, "models", WORKLOADS[n].model) for n in names]:
         if not os.path.exists(path):
             raise SystemExit(f"{path} not found; run `bash shared/peers/setup.sh trl` and "
                              "`bash shared/peers/setup.sh models` first.")
     work = tempfile.mkdtemp(prefix="side_by_side_")
-    prompts = os.path.join(work, "prompts.jsonl")
-    run([trl_python, os.path.join(args.peers_dir, "prompts.py"), "--model", model_dir, "--out", prompts,
-         "-W", str(args.warmup), "-N", str(args.steps)], os.path.join(work, "prompts.log"))
-
-    results = {"cpu": host_cpu.summary(), "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds,
+    cpu = host_cpu.summary()
+    results = {"cpu": cpu, "warmup": args.warmup, "steps": args.steps, "rounds": args.rounds,
                "trl_micro_batch": args.trl_micro_batch, "trl_omp_wait_policy": args.trl_omp_wait_policy,
                "trl_malloc": args.trl_malloc,
                # Inherited by both peers' processes.
                "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
-               "runs": {}, "ratios": {}, "round_ratios": {}}
-    precisions = args.precisions.split(",")
-    pairs = {precision: [] for precision in precisions}
-    for round_index in range(args.rounds):
-        for precision in precisions:
-            # Alternate who goes first, so a machine that drifts over the session favours neither.
-            pairs[precision].append(run_pair(args, work, model_dir, trl_python, prompts, precision,
-                                             round_index, ours_first=round_index % 2 == 0))
-    for precision, rounds in pairs.items():
-        per_round = [pair_ratios(ours, trl) for ours, trl in rounds]
-        representative = median_index([r["step_ours_over_trl"] for r in per_round])
-        ours, trl = rounds[representative]
-        results["runs"][precision] = {"jaxrl_vr": {k: v for k, v in ours.items() if k != "steps"},
-                                      "jaxrl_vr_steps": ours["steps"], "trl": trl,
-                                      "round": representative}
-        results["round_ratios"][precision] = per_round
-        results["ratios"][precision] = {name: summarise([r[name] for r in per_round])
-                                        for name in per_round[0]}
-    print(f"\n{'precision':>9} {'ours step':>9} {'TRL step':>9} {'ratio':>6} {'ours roll':>9} {'TRL roll':>9} "
-          f"{'speedup':>7} {'ours upd':>8} {'TRL upd':>8} {'upd/peak':>8} {'RSS MB':>7} {'load':>5} {'TRL cfg':>10}")
-    for precision, run_ in results["runs"].items():
+               "workloads": {}, "targets": []}
+    for name in names:
+        workload = WORKLOADS[name]
+        model_dir = os.path.join(args.peers_root, "models", workload.model)
+        prompts = os.path.join(work, f"prompts_{name}.jsonl")
+        run([trl_python, os.path.join(args.peers_dir, "prompts.py"), "--model", model_dir, "--out", prompts,
+             "-P", str(workload.prompts), "-W", str(args.warmup), "-N", str(args.steps)],
+            os.path.join(work, f"prompts_{name}.log"))
+        precisions = resolve_precisions(args.precisions or workload.precisions, cpu.get("bf16_dot_units"))
+        pairs = {precision: [] for precision in precisions}
+        for round_index in range(args.rounds):
+            for precision in precisions:
+                # Alternate who goes first, so a machine that drifts over the session favours neither.
+                pairs[precision].append(run_pair(args, work, model_dir, trl_python, prompts, precision,
+                                                 round_index, round_index % 2 == 0, workload, name))
+        entry = {"workload": workload._asdict(), "runs": {}, "ratios": {}, "round_ratios": {}}
+        for precision, rounds in pairs.items():
+            per_round = [pair_ratios(ours, trl) for ours, trl in rounds]
+            representative = median_index([r["step_ours_over_trl"] for r in per_round])
+            ours, trl = rounds[representative]
+            entry["runs"][precision] = {"jaxrl_vr": {k: v for k, v in ours.items() if k != "steps"},
+                                        "jaxrl_vr_steps": ours["steps"], "trl": trl, "round": representative}
+            entry["round_ratios"][precision] = per_round
+            entry["ratios"][precision] = {key: summarise([r[key] for r in per_round]) for key in per_round[0]}
+        entry["targets"] = target_verdicts(entry["ratios"], cpu.get("bf16_dot_units"),
+                                           None if name == "fixed64" else workload.targets)
+        results["workloads"][name] = entry
+        results["targets"] += [{"workload": name, **v} for v in entry["targets"]]
+        report_workload(name, entry, args.rounds)
+    for name, base, key, kind, bound in CROSS_TARGETS:
+        if name in results["workloads"] and base in results["workloads"]:
+            for precision, run_ in results["workloads"][name]["runs"].items():
+                base_run = results["workloads"][base]["runs"].get(precision)
+                if base_run is None:
+                    continue
+                value = run_["jaxrl_vr"]["peak_rss_mb"] / base_run["jaxrl_vr"]["peak_rss_mb"]
+                met = value <= bound if kind == "max" else value >= bound
+                results["targets"].append({"workload": name, "precision": precision,
+                                           "ratio": f"{key}_over_{base}", "bound": f"<= {bound:g}",
+                                           "median": value, "worst_round": value, "applies": True,
+                                           "met": met, "met_in_every_round": met})
+    print("\ntargets (median; worst round):")
+    for v in results["targets"]:
+        state = ("met" if v["met"] else "MISSED") + ("" if v["met_in_every_round"] == v["met"] else
+                                                      ", not in every round" if v["met"] else ", met in some round")
+        note = "" if v["applies"] else "  (does not apply: this CPU has no bf16 dot units)"
+        print(f"{v['workload']:>11} {v['precision']:>5} {v['ratio']:<34} {v['bound']:<9} {v['median']:9.2f}; "
+              f"{v['worst_round']:9.2f}  {state}{note}")
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"-> {args.out} (logs in {work})")
+    return results
+
+
+def report_workload(name: str, entry: dict, rounds: int) -> None:
+    """Prints one workload's table: ours beside TRL's best, per precision."""
+    print(f"\n== {name}: {entry['workload']}")
+    print(f"{'precision':>9} {'ours step':>9} {'TRL step':>9} {'ratio':>6} {'ours roll':>9} {'TRL roll':>9} "
+          f"{'speedup':>7} {'tok/s x':>7} {'ours upd':>8} {'TRL upd':>8} {'RSS MB':>7} {'TRL MB':>7} {'load':>5} "
+          f"{'TRL cfg':>10}")
+    for precision, run_ in entry["runs"].items():
         o, t = run_["jaxrl_vr"], run_["trl"]
-        r = {k: v["median"] for k, v in results["ratios"][precision].items()}
+        r = {k: v["median"] for k, v in entry["ratios"][precision].items()}
         print(f"{precision:>9} {o['median_step_s']:9.2f} {t['median_step_s']:9.2f} {r['step_ours_over_trl']:6.2f} "
               f"{o['median_rollout_s']:9.2f} {t['best_rollout_s']:9.2f} "
-              f"{r['rollout_speedup_vs_trl']:7.2f} "
+              f"{r['rollout_speedup_vs_trl']:7.2f} {r['rollout_tokens_per_s_over_trl']:7.2f} "
               f"{o['median_update_s']:8.2f} {t['best_update_s']:8.2f} "
-              f"{r['update_fraction_of_f32_peak']:8.2f} {o['peak_rss_mb']:7.0f} {o['load_1m_start']:5.1f} "
+              f"{o['peak_rss_mb']:7.0f} {min(c['peak_rss_mb'] for c in t['configs']):7.0f} {o['load_1m_start']:5.1f} "
               f"{str(t['micro_batch']) + '/' + str(t.get('malloc')):>10}")
     print("(TRL: its best in the representative round: fastest step, rollout and update of any micro-batch "
-          "size and malloc setting; 'TRL cfg' is the fastest step's, micro-batch/malloc)")
-    for precision, run_ in results["runs"].items():
+          "size and malloc setting; 'TRL cfg' is the fastest step's, micro-batch/malloc; 'TRL MB' its leanest "
+          "peak RSS; 'tok/s x' generated tokens per rollout second, ours over TRL's best)")
+    for precision, run_ in entry["runs"].items():
         for who, process in [("ours", run_["jaxrl_vr"].get("process"))] + [
                 (f"TRL {c['micro_batch']}/{c['malloc']}", c.get("process")) for c in run_["trl"]["configs"]]:
             if process:
                 print(f"{precision:>9} {who:<16} process: {process['kernel_s']:7.1f} s kernel, "
                       f"{process['user_s']:7.1f} s user, {process['minor_faults'] / 1e6:6.2f} M minor faults")
-    if args.rounds > 1:
-        print(f"\nmedian [min, max] over {args.rounds} rounds; the range covers the median ratio with "
-              f"probability {range_coverage(args.rounds):.0%} (distribution-free):")
-        for precision, ratios in results["ratios"].items():
+    if rounds > 1:
+        print(f"median [min, max] over {rounds} rounds; the range covers the median ratio with "
+              f"probability {range_coverage(rounds):.0%} (distribution-free):")
+        for precision, ratios in entry["ratios"].items():
             print(f"{precision:>9} " + "  ".join(
-                f"{name} {v['median']:.2f} [{v['min']:.2f}, {v['max']:.2f}]" for name, v in ratios.items()
-                if not name.startswith("peak_rss")))
-    results["targets"] = target_verdicts(results["ratios"], results["cpu"].get("bf16_dot_units"))
-    print("\nissue-12 targets (median; worst round):")
-    for v in results["targets"]:
-        state = ("met" if v["met"] else "MISSED") + ("" if v["met_in_every_round"] == v["met"] else
-                                                      ", not in every round" if v["met"] else ", met in some round")
-        note = "" if v["applies"] else "  (does not apply: this CPU has no bf16 dot units)"
-        print(f"{v['precision']:>9} {v['ratio']:<30} {v['bound']:<9} {v['median']:9.2f}; {v['worst_round']:9.2f}  "
-              f"{state}{note}")
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=2)
-    print(f"-> {args.out} (logs in {work})")
-    return results
+                f"{key} {v['median']:.2f} [{v['min']:.2f}, {v['max']:.2f}]" for key, v in ratios.items()
+                if not key.startswith("peak_rss")))
 
 
 if __name__ == "__main__":

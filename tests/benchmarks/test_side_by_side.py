@@ -101,28 +101,28 @@ def test_rounds_alternate_order_and_summarise(side_by_side, tmp_path, monkeypatc
     assert calls == ["prompts.py", "rl_step.py", *trl, *trl, "rl_step.py", "rl_step.py", *trl]
     keep = "glibc.malloc.hugetlb=1:" + side_by_side.TRL_MALLOC["keep"]  # after the exported tunables
     assert trl_envs == [None, keep, None, keep] * 3
-    step = result["ratios"]["fp32"]["step_ours_over_trl"]
+    step = result["workloads"]["fixed64"]["ratios"]["fp32"]["step_ours_over_trl"]
     assert (step["median"], step["min"], step["max"]) == (0.5, 0.4, 0.6)
     assert step["range_coverage_of_median"] == pytest.approx(0.75)
-    assert [r["step_ours_over_trl"] for r in result["round_ratios"]["fp32"]] == [0.5, 0.6, 0.4]
-    assert result["runs"]["fp32"]["round"] == 0  # the round with the median step ratio
-    assert result["runs"]["fp32"]["jaxrl_vr"]["ran_first"] is True
+    assert [r["step_ours_over_trl"] for r in result["workloads"]["fixed64"]["round_ratios"]["fp32"]] == [0.5, 0.6, 0.4]
+    assert result["workloads"]["fixed64"]["runs"]["fp32"]["round"] == 0  # the round with the median step ratio
+    assert result["workloads"]["fixed64"]["runs"]["fp32"]["jaxrl_vr"]["ran_first"] is True
     assert json.loads(out.read_text())["rounds"] == 3
     assert result["glibc_tunables"] == "glibc.malloc.hugetlb=1"
     # Against TRL's best: the step of micro-batches of 8 under "keep", the rollout of all at
     # once under glibc's default (25 s against our 10 s), the update of 8 under "keep" (90 − 32
     # = 58 s against our 35 s in round 0).
-    first = result["round_ratios"]["fp32"][0]
+    first = result["workloads"]["fixed64"]["round_ratios"]["fp32"][0]
     assert first["rollout_speedup_vs_trl"] == pytest.approx(2.5)
     assert first["update_ours_over_trl"] == pytest.approx(35.0 / 58.0)
-    best = result["runs"]["fp32"]["trl"]
+    best = result["workloads"]["fixed64"]["runs"]["fp32"]["trl"]
     assert (best["micro_batch"], best["malloc"]) == (8, "keep")
     assert [(c["micro_batch"], c["malloc"]) for c in best["configs"]] == [(8, "default"), (8, "keep"),
                                                                          (64, "default"), (64, "keep")]
     assert result["trl_malloc"] == "default,keep"
     # Every run's process cost is recorded with its figures (here: its position in the calls).
     assert [c["process"]["minor_faults"] for c in best["configs"]] == [3, 4, 5, 6]
-    assert result["runs"]["fp32"]["jaxrl_vr"]["process"]["minor_faults"] == 2
+    assert result["workloads"]["fixed64"]["runs"]["fp32"]["jaxrl_vr"]["process"]["minor_faults"] == 2
 
 
 def test_best_of_trl_takes_each_figure_from_its_fastest_configuration(side_by_side):
@@ -201,3 +201,55 @@ def test_target_verdicts_by_hand(side_by_side):
     with_units = side_by_side.target_verdicts({"bf16": bf16}, bf16_dot_units=True)
     assert all(v["applies"] for v in with_units)
     assert {v["ratio"] for v in with_units} == {"step_ours_over_trl", "rollout_speedup_vs_trl", "peak_rss_mb_ours"}
+
+
+def test_issue43_workloads_reach_both_peers_and_their_targets(side_by_side, tmp_path, monkeypatch):
+    peers_root = tmp_path / "peers"
+    for model in ("smollm2-135m", "wide-qwen2"):
+        (peers_root / "models" / model).mkdir(parents=True)
+    (peers_root / "venv-trl" / "bin").mkdir(parents=True)
+    (peers_root / "venv-trl" / "bin" / "python").write_text("")
+    commands = []
+
+    def fake_run(cmd, log_path, env=None):
+        script = os.path.basename(next(c for c in cmd if c.endswith(".py")))
+        commands.append((script, cmd))
+        out = cmd[cmd.index("--json" if script == "rl_step.py" else "--json-out" if script == "bench_trl.py"
+                            else "--out") + 1]
+        lora = "--lora-rank" in cmd
+        if script == "rl_step.py":  # 300 generated tokens in 3 s of rollout: 100 tokens/s
+            record = {"median_step_s": 20.0, "median_update_s": 17.0, "median_rollout_s": 3.0,
+                      "mean_gen_tokens_per_step": 300.0, "update_fraction_of_matmul_peak": 0.5,
+                      "update_executed_fraction_of_matmul_peak": 0.5, "peak_rss_mb": 2000.0 if lora else 4000.0,
+                      "load_1m_start": 1.0, "prompts_sha": "abc", "steps": []}
+            with open(out, "w") as f:
+                json.dump(record, f)
+        elif script == "bench_trl.py":  # micro-batch 8: 40 tokens/s and 5 GB; all at once: 50 and 9 GB
+            micro_batch = int(cmd[cmd.index("--micro-batch") + 1])
+            record = {"median_step_s": 50.0 if micro_batch else 45.0, "median_rollout_s": 10.0 if micro_batch else 8.0,
+                      "mean_gen_tokens_per_step": 400.0, "micro_batch": micro_batch,
+                      "peak_rss_mb": 5000.0 if micro_batch else 9000.0, "prompts_sha": "abc"}
+            with open(out, "w") as f:
+                f.write(json.dumps(record) + "\n")
+        return {"wall_s": 1.0, "user_s": 1.0, "kernel_s": 0.0, "minor_faults": 0}
+
+    monkeypatch.setattr(side_by_side, "run", fake_run)
+    monkeypatch.setattr(side_by_side.host_cpu, "summary", lambda: {"bf16_dot_units": True})
+    result = side_by_side.main(["--peers-root", str(peers_root), "--workloads", "ragged512,wide_full,wide_lora16",
+                                "--trl-malloc", "keep", "--out", str(tmp_path / "r.json")])
+    ragged = [cmd for script, cmd in commands if script != "prompts.py" and "512" in cmd]
+    assert ragged and all("--allow-eos" in cmd and "--lora-rank" not in cmd for cmd in ragged)
+    assert all(cmd[cmd.index("--precision") + 1] == "bf16" for script, cmd in commands if script == "rl_step.py")
+    assert all("--bf16" in cmd for script, cmd in commands if script == "bench_trl.py")  # auto, bf16 units
+    lora = [cmd for script, cmd in commands if "--lora-rank" in cmd]
+    assert len(lora) == 3 and all(cmd[cmd.index("--lora-rank") + 1] == "16" for cmd in lora)
+    assert all(cmd[cmd.index("-P") + 1] == "4" for script, cmd in commands if "wide-qwen2" in " ".join(cmd))
+    verdicts = {(v["workload"], v["ratio"]): v for v in result["targets"]}
+    rate = verdicts[("ragged512", "rollout_tokens_per_s_over_trl")]
+    assert rate["median"] == pytest.approx(100.0 / 50.0) and rate["met"]  # against TRL's faster rollout
+    assert verdicts[("ragged512", "step_ours_over_trl")]["median"] == pytest.approx(20.0 / 45.0)
+    assert verdicts[("wide_full", "peak_rss_over_trl_leanest")]["median"] == pytest.approx(4000.0 / 5000.0)
+    cross = verdicts[("wide_lora16", "peak_rss_mb_ours_over_wide_full")]
+    assert cross["median"] == pytest.approx(0.5) and cross["met"]
+    assert side_by_side.resolve_precisions("auto", False) == ["fp32"]
+    assert side_by_side.resolve_precisions("auto,fp32", None) == ["bf16", "fp32"]
