@@ -80,6 +80,7 @@ def summarize_run(run: SimRun, max_k: int = MAX_K) -> dict:
         "estimator": run.spec.estimator,
         "selection": run.spec.selection,
         "pba": bool(run.spec.pba),
+        "pba_kind": run.spec.pba_kind if run.spec.pba else None,
         "wall_s": float(run.wall_s),
         "regime_counts": {
             name: [int((run.regime_sp[s] == r).sum()) if r < NUM_REGIMES else
@@ -101,6 +102,7 @@ def summarize_run(run: SimRun, max_k: int = MAX_K) -> dict:
             "entropy": {name: _stat(m.entropy_r[:, -1, r]) for r, name in enumerate(REGIME_ROWS)},
             "kl_to_base": {name: _stat(m.kl_r[:, -1, r]) for r, name in enumerate(REGIME_ROWS)},
             "samples_generated": _stat(m.samples[:, -1]),
+            "updates": _stat(m.updates[:, -1]),
         },
         "curves": {  # means over seeds, one value per logged step
             "delta_pass_at_1": {name: _floats(delta_slrk[:, :, r, 0].mean(0))
