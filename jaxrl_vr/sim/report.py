@@ -252,11 +252,12 @@ def write_plots(runs: Sequence[SimRun], workdir: str | os.PathLike) -> list[path
     return paths
 
 
-def study_table(summaries: dict[str, dict], *, regime: str = "boundary") -> str:
+def study_table(summaries: dict[str, dict], *, regime: str = "boundary",
+                methods: Sequence[str] | None = None) -> str:
     """Markdown table over several simulation.json documents (label -> summary).
 
     Columns: final Δpass@1 and Δpass@256 on ``regime`` and overall, and lost prompts,
-    as mean ± 95% half-width over seeds.
+    as mean ± 95% half-width over seeds. ``methods``: only these rows (default all).
     """
     def cell(stat, index=None):
         mean, half = stat["mean"], stat["ci95"]
@@ -273,6 +274,8 @@ def study_table(summaries: dict[str, dict], *, regime: str = "boundary") -> str:
              "|---|---|---|---|---|---|---|---|"]
     for label, summary in summaries.items():
         for method, res in summary["methods"].items():
+            if methods is not None and method not in methods:
+                continue
             d = res["final"]["delta_pass_at_k_headline"]
             lost = res["final"]["lost"]
             lines.append(
