@@ -72,7 +72,7 @@ CONTRASTS = (
     ("C5", "dapo", "grpo", "dapo", "grpo"),
     ("C5", "loo_gspo_dapo", "loo_gspo", "loo+dapo", "loo"),
 )
-# metric -> (study key, simulator reader)
+# pass@1: overall; boundary pass@256; lost: base-solvable prompts lost (all regimes).
 METRICS = ("pass@1", "boundary pass@256", "lost")
 NOT_MODELLED = ("C5: GSPO's sequence ratio (gspo − grpo) is not modelled: the simulator takes one "
                 "on-policy step per batch, so there is no importance ratio to clip.")

@@ -175,14 +175,14 @@ def init_state(key: jax.Array, cfg: SimConfig, spec: methods_lib.MethodSpec,
     anchor_weight_p = jnp.zeros_like(population.p_base_p)
     samples = jnp.zeros((), jnp.float32)
     if spec.pba:
-        successes_p = None
+        anchor_successes_p = None
         if spec.pba_kind == "trainer":  # PBA's own base calibration (its own key)
-            successes_p = methods_lib.calibration_successes(
+            anchor_successes_p = methods_lib.calibration_successes(
                 jax.random.fold_in(key_cal, 1), population.p_base_p, cfg.pba_calibration_samples)
             if cfg.pba_charge_calibration:
                 samples = jnp.float32(population.p_base_p.shape[0] * cfg.pba_calibration_samples)
         anchor_weight_p = methods_lib.anchor_weights(spec.pba_kind, population.p_base_p,
-                                                     successes_p, cfg)
+                                                     anchor_successes_p, cfg)
     return SimState(
         population=population,
         params=params,
