@@ -39,6 +39,10 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     s.strategy_zipf = d.strategy_zipf  # a: correct-mode strategies follow q_s ∝ s^-a (0 = uniform)
     s.sharing = d.sharing  # ρ in [0, 1]: weight of the shared path in the kernel (0 = tabular)
     s.private_gain = d.private_gain  # κ: weight of a prompt's own (private) path (≈ batch_prompts)
+    # coupled: private kernel weight (1-ρ)·κ, so ρ also shrinks the private step (the original
+    # model); fixed: κ alone, so ρ changes only the shared step (fixed with κ = (1-ρ0)·κ0 has
+    # the kernel of coupled at ρ0, κ0)
+    s.private_coupling = d.private_coupling
     s.mixture_weights = d.mixture_weights  # p_base mixture: component weights
     s.beta_a = d.beta_a  # ... Kumaraswamy a of each component (a Beta-like law on [0, 1])
     s.beta_b = d.beta_b  # ... Kumaraswamy b of each component
@@ -49,7 +53,8 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     s.methods = d.methods  # comma-separated method names; tokens joined by "+" (see below)
     # estimators (jaxrl_vr.estimators): grpo dr_grpo loo maxrl curverl reinforce pair_weighted
     # pkpo passk_training;
-    # selections: uniform dapo (dynamic) two_stage pairing; regulariser: pba.
+    # selections: uniform dapo (dynamic) two_stage pairing; regulariser: pba_trainer (PBA as
+    # the trainer runs it) or pba = pba_oracle (exact p_base, its own band and λ: an oracle).
     # e.g. "grpo,maxrl,curverl,pba,pairing,dapo,two_stage,curverl+pba"
     s.steps = d.steps  # training steps (one batch and one optimizer update each)
     s.batch_prompts = d.batch_prompts  # Pb prompts per batch (even: pairing uses Pb/2 pairs)
@@ -65,11 +70,18 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     s.passk_k = d.passk_k  # k of the pass@k objectives pkpo and passk_training (<= group_size)
 
     # --- PBA anchored KL (selection.anchor; kl.estimate)
-    s.pba_coef = d.pba_coef  # λ of the anchored KL (its own value, not a global β)
-    s.pba_tau_low = d.pba_tau_low  # anchor band on the exact p_base, inclusive
+    # the oracle (method token pba / pba_oracle): exact p_base, no calibration cost
+    s.pba_coef = d.pba_coef  # λ of the oracle's anchored KL (its own value, not a global β)
+    s.pba_tau_low = d.pba_tau_low  # oracle's anchor band on the exact p_base, inclusive
     s.pba_tau_high = d.pba_tau_high  # ... (default [0, 0.1]: out-of-reach and boundary prompts)
-    s.pba_polarity = d.pba_polarity  # above (anchor inside the band) | below (outside it)
-    s.pba_kl = d.pba_kl  # k1 | k2 | k3 on the sampled mode, or exact (Σ_m π log π/π0)
+    s.pba_polarity = d.pba_polarity  # above (anchor inside the band) | below (outside it); both kinds
+    s.pba_kl = d.pba_kl  # k1 | k2 | k3 on the sampled mode, or exact (Σ_m π log π/π0); both kinds
+    # as the trainer does it (method token pba_trainer; defaults = train.methods.AnchorSettings)
+    s.pba_trainer_coef = d.pba_trainer_coef  # λ (rl.anchor.weight)
+    s.pba_trainer_tau_low = d.pba_trainer_tau_low  # band on p̂ = c/n, inclusive (rl.anchor.tau_low)
+    s.pba_trainer_tau_high = d.pba_trainer_tau_high  # ... (rl.anchor.tau_high)
+    s.pba_calibration_samples = d.pba_calibration_samples  # n base rollouts per prompt for p̂
+    s.pba_charge_calibration = d.pba_charge_calibration  # the P·n rollouts count against the budget
 
     # --- selection (jaxrl_vr.selection)
     s.dynamic_rounds = d.dynamic_rounds  # DAPO: at most this many generation rounds per batch
@@ -84,6 +96,9 @@ def get_config(variant: str | None = None) -> ml_collections.ConfigDict:
     s.pairing_scope = d.pairing_scope  # group | pair | mean (advantages.pair_weighted scope)
     s.calibration_samples = d.calibration_samples  # base rollouts per prompt seeding the tracker
     s.tracker_decay = d.tracker_decay  # per-step decay of tracked counts (1 = all history)
+
+    # --- budget
+    s.sample_budget = d.sample_budget  # rollouts after which a run stops learning (0 = none)
 
     # --- reporting
     s.log_every = d.log_every  # steps between exact measurements (steps must be a multiple)

@@ -14,6 +14,7 @@ from jaxrl_vr.sim.engine import (
     SimState,
     StepStats,
     init_state,
+    logits,
     measure,
     policy_loss,
     run_chunk,
@@ -23,14 +24,18 @@ from jaxrl_vr.sim.engine import (
 )
 from jaxrl_vr.sim.methods import (
     ESTIMATORS,
+    PBA_KINDS,
     SELECTIONS,
     Batch,
     MethodSpec,
     Tracker,
+    anchor_weights,
+    calibration_successes,
     pairing_pools,
     parse_method,
 )
 from jaxrl_vr.sim.population import (
+    PRIVATE_COUPLINGS,
     PolicyParams,
     Population,
     PopulationSpec,
@@ -45,10 +50,10 @@ from jaxrl_vr.sim.report import study_table, summarize, write_json, write_plots
 from jaxrl_vr.sim.run import simulate_methods
 
 __all__ = [
-    "ESTIMATORS", "HEADLINE_KS", "REGIME_ROWS", "SELECTIONS", "Batch", "MethodSpec", "Metrics",
-    "PolicyParams", "Population", "PopulationSpec", "SimConfig", "SimRun", "SimState",
-    "StepStats", "Tracker", "exact_pass_at_k", "init_params", "init_state", "make_population",
-    "measure", "mode_entropy", "pairing_pools", "parse_method", "pass_rate", "policy_logits",
+    "ESTIMATORS", "HEADLINE_KS", "PBA_KINDS", "PRIVATE_COUPLINGS", "REGIME_ROWS", "SELECTIONS",
+    "Batch", "MethodSpec", "Metrics", "PolicyParams", "Population", "PopulationSpec", "SimConfig",
+    "SimRun", "SimState", "StepStats", "Tracker", "anchor_weights", "calibration_successes",
+    "exact_pass_at_k", "init_params", "init_state", "logits", "make_population", "measure", "mode_entropy", "pairing_pools", "parse_method", "pass_rate", "policy_logits",
     "policy_loss", "run_chunk", "sample_modes", "simulate", "simulate_methods", "study_table",
     "summarize", "train_step", "validate", "write_json", "write_plots",
 ]

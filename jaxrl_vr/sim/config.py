@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from jaxrl_vr.sim.population import PopulationSpec
+from jaxrl_vr.sim.population import PRIVATE_COUPLINGS, PopulationSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +27,7 @@ class SimConfig:
     strategy_zipf: float = 1.0
     sharing: float = 0.9
     private_gain: float = 256.0
+    private_coupling: str = "coupled"
     mixture_weights: tuple = (0.15, 0.30, 0.30, 0.25)
     beta_a: tuple = (0.6, 1.5, 2.0, 6.0)
     beta_b: tuple = (600.0, 60.0, 4.0, 1.5)
@@ -51,6 +52,13 @@ class SimConfig:
     pba_tau_high: float = 0.1
     pba_polarity: str = "above"
     pba_kl: str = "k3"
+    # PBA as the trainer does it (method token "pba_trainer"): the defaults are
+    # jaxrl_vr.train.methods.AnchorSettings' (a test checks they agree)
+    pba_trainer_coef: float = 0.1
+    pba_trainer_tau_low: float = 0.03
+    pba_trainer_tau_high: float = 0.6
+    pba_calibration_samples: int = 64
+    pba_charge_calibration: bool = False
     # selection
     dynamic_rounds: int = 3
     two_stage_probe: int = 4
@@ -64,6 +72,8 @@ class SimConfig:
     pairing_scope: str = "group"
     calibration_samples: int = 8
     tracker_decay: float = 1.0
+    # budget
+    sample_budget: int = 0
     # reporting
     log_every: int = 10
     num_tracked: int = 32
@@ -108,6 +118,8 @@ def validate(cfg: SimConfig) -> None:
          f"need 1 <= sim.num_correct < sim.num_modes, got {cfg.num_correct}, {cfg.num_modes}.")
     need(0.0 <= cfg.sharing <= 1.0, f"sim.sharing must lie in [0, 1], got {cfg.sharing}.")
     need(cfg.private_gain > 0.0, f"sim.private_gain must be > 0, got {cfg.private_gain}.")
+    need(cfg.private_coupling in PRIVATE_COUPLINGS,
+         f"sim.private_coupling must be one of {PRIVATE_COUPLINGS}, got {cfg.private_coupling!r}.")
     need(0.0 <= cfg.strategy_weight <= 1.0,
          f"sim.strategy_weight must lie in [0, 1], got {cfg.strategy_weight}.")
     need(len(cfg.mixture_weights) == len(cfg.beta_a) == len(cfg.beta_b) >= 1,
@@ -128,6 +140,13 @@ def validate(cfg: SimConfig) -> None:
     need(0.0 <= cfg.pba_tau_low <= cfg.pba_tau_high <= 1.0,
          f"need 0 <= sim.pba_tau_low <= sim.pba_tau_high <= 1, got {cfg.pba_tau_low}, "
          f"{cfg.pba_tau_high}.")
+    need(0.0 <= cfg.pba_trainer_tau_low <= cfg.pba_trainer_tau_high <= 1.0,
+         f"need 0 <= sim.pba_trainer_tau_low <= sim.pba_trainer_tau_high <= 1, got "
+         f"{cfg.pba_trainer_tau_low}, {cfg.pba_trainer_tau_high}.")
+    need(cfg.pba_trainer_coef > 0.0, f"sim.pba_trainer_coef must be > 0, got {cfg.pba_trainer_coef}.")
+    need(cfg.pba_calibration_samples >= 1,
+         f"sim.pba_calibration_samples must be >= 1, got {cfg.pba_calibration_samples}.")
+    need(cfg.sample_budget >= 0, f"sim.sample_budget must be >= 0 (0 = none), got {cfg.sample_budget}.")
     need(cfg.dynamic_rounds >= 1, f"sim.dynamic_rounds must be >= 1, got {cfg.dynamic_rounds}.")
     need(1 <= cfg.two_stage_probe <= cfg.group_size,
          f"need 1 <= sim.two_stage_probe <= sim.group_size, got {cfg.two_stage_probe}.")

@@ -9,10 +9,15 @@ loss is the score-function policy gradient
               [+ (1/N) Σ_b λ·1[anchor(x_b)] · KL_b]          (PBA)
 
 over the N valid rollouts of the batch (non-anchored rollouts add 0 to the numerator
-and count in N), and optax updates θ and ψ. PBA's weight λ·1[anchor(x)] is
-``selection.anchor.anchored_kl_weight`` of the exact base pass rate and KL_b is
-``kl.estimate`` (k3 by default) of the sampled mode against the frozen base, or the
-exact KL over modes (``pba_kl="exact"``).
+and count in N), and optax updates θ and ψ. PBA's weight λ·1[anchor(x)] is frozen at
+init (``methods.anchor_weights``: the trainer's band and λ on p̂ = c/n from a finite base
+calibration for ``pba_trainer``, the exact base pass rate for the ``pba`` oracle) and
+KL_b is ``kl.estimate`` (k3 by default) of the sampled mode against the frozen base, or
+the exact KL over modes (``pba_kl="exact"``).
+
+With ``sample_budget`` > 0 a step whose run has already generated that many rollouts
+(charged calibration included) changes nothing: the run stops learning at an equal
+budget, as the trainer's ``rl.budget`` stops it (the step that crosses it still counts).
 
 A measurement evaluates the exact p(x) of every prompt (``population.pass_rate``), so
 pass@k = 1 − (1 − p)^k is exact for every k.
@@ -30,7 +35,6 @@ import numpy as np
 import optax
 
 from jaxrl_vr import kl, passk
-from jaxrl_vr.selection import anchor
 from jaxrl_vr.sim import methods as methods_lib
 from jaxrl_vr.sim import population as pop_lib
 from jaxrl_vr.sim.config import SimConfig, validate
@@ -52,7 +56,9 @@ class SimState(NamedTuple):
     tracker: methods_lib.Tracker
     key: jax.Array
     tracked_idx_n: jnp.ndarray  # int32 [num_tracked]: prompts whose p(x) is recorded
-    samples: jnp.ndarray  # float32 []: rollouts generated so far
+    anchor_weight_p: jnp.ndarray  # float32 [P]: PBA's frozen λ·1[anchor(x)] (0 without PBA)
+    samples: jnp.ndarray  # float32 []: rollouts generated so far (+ charged calibration)
+    updates: jnp.ndarray  # int32 []: optimizer updates applied (< step once over budget)
     step: jnp.ndarray  # int32 []
 
 
@@ -75,6 +81,7 @@ class Metrics(NamedTuple):
     kl_r: jnp.ndarray  # float32 [R+1]: mean exact KL(π‖π₀) over modes
     p_tracked_n: jnp.ndarray  # float32 [num_tracked]
     samples: jnp.ndarray  # float32 []: rollouts generated so far
+    updates: jnp.ndarray  # float32 []: optimizer updates applied so far
 
 
 def make_optimizer(cfg: SimConfig) -> optax.GradientTransformation:
@@ -84,16 +91,25 @@ def make_optimizer(cfg: SimConfig) -> optax.GradientTransformation:
     return optax.adam(cfg.learning_rate)
 
 
+def logits(params: pop_lib.PolicyParams, population: pop_lib.Population, cfg: SimConfig,
+           prompt_idx: jnp.ndarray | None = None) -> jnp.ndarray:
+    """``population.policy_logits`` with the config's ρ, κ and private coupling."""
+    return pop_lib.policy_logits(params, population, prompt_idx, sharing=cfg.sharing,
+                                 private_gain=cfg.private_gain,
+                                 private_coupling=cfg.private_coupling)
+
+
 def sample_modes(key: jax.Array, params: pop_lib.PolicyParams, population: pop_lib.Population,
                  prompt_idx_n: jnp.ndarray, num_samples: int, *, sharing: float,
-                 private_gain: float = 1.0):
+                 private_gain: float = 1.0, private_coupling: str = "coupled"):
     """G modes per prompt from the current policy and their 0/1 rewards.
 
     Returns:
       (modes_ng int32 [N, G], rewards_ng float32 [N, G]).
     """
     logits_nm = pop_lib.policy_logits(params, population, prompt_idx_n, sharing=sharing,
-                                      private_gain=private_gain)
+                                      private_gain=private_gain,
+                                      private_coupling=private_coupling)
     num_n = prompt_idx_n.shape[0]
     modes_ng = jax.random.categorical(key, logits_nm[:, None, :], shape=(num_n, num_samples))
     correct_nm = population.correct_pm[prompt_idx_n]
@@ -103,11 +119,14 @@ def sample_modes(key: jax.Array, params: pop_lib.PolicyParams, population: pop_l
 
 def policy_loss(params: pop_lib.PolicyParams, population: pop_lib.Population,
                 batch: methods_lib.Batch, adv_pg: jnp.ndarray, cfg: SimConfig,
-                pba: bool) -> jnp.ndarray:
-    """Score-function policy-gradient loss (+ PBA's anchored KL) over a batch; see module doc."""
+                pba: bool, anchor_weight_p: jnp.ndarray | None = None) -> jnp.ndarray:
+    """Score-function policy-gradient loss (+ PBA's anchored KL) over a batch; see module doc.
+
+    ``anchor_weight_p`` (float32 [P], λ·1[anchor]) is PBA's frozen weight of every prompt;
+    None = the oracle's weight of the exact p_base (``methods.anchor_weights("oracle")``).
+    """
     idx_p = batch.prompt_idx_p
-    logits_pm = pop_lib.policy_logits(params, population, idx_p, sharing=cfg.sharing,
-                                      private_gain=cfg.private_gain)
+    logits_pm = logits(params, population, cfg, idx_p)
     logp_pm = jax.nn.log_softmax(logits_pm, axis=-1)
     logp_pg = jnp.take_along_axis(logp_pm, batch.modes_pg, axis=1)
     valid_pg = batch.valid_pg
@@ -115,9 +134,9 @@ def policy_loss(params: pop_lib.PolicyParams, population: pop_lib.Population,
     adv_pg = jax.lax.stop_gradient(adv_pg)
     loss = -jnp.sum(jnp.where(valid_pg, adv_pg * logp_pg, 0.0)) / count
     if pba:
-        weight_p = anchor.anchored_kl_weight(
-            population.p_base_p[idx_p], coef=cfg.pba_coef, tau_low=cfg.pba_tau_low,
-            tau_high=cfg.pba_tau_high, polarity=cfg.pba_polarity)
+        if anchor_weight_p is None:
+            anchor_weight_p = methods_lib.anchor_weights("oracle", population.p_base_p, None, cfg)
+        weight_p = anchor_weight_p[idx_p]
         base_logits_pm = population.base_logits_pm[idx_p]
         if cfg.pba_kl == "exact":
             kl_p = pop_lib.kl_to_base(logits_pm, base_logits_pm)
@@ -142,7 +161,7 @@ def _tracked_prompts(key: jax.Array, regime_p: jnp.ndarray, num_tracked: int) ->
 def init_state(key: jax.Array, cfg: SimConfig, spec: methods_lib.MethodSpec,
                population: pop_lib.Population | None = None) -> SimState:
     """Population (drawn from the key unless given), base policy, optimizer/estimator
-    state and calibrated tracker."""
+    state, calibrated tracker and PBA's frozen anchor weights."""
     key_pop, key_cal, key_track, key_run = jax.random.split(key, 4)
     if population is None:
         population = pop_lib.make_population(key_pop, cfg.population)
@@ -153,6 +172,17 @@ def init_state(key: jax.Array, cfg: SimConfig, spec: methods_lib.MethodSpec,
     tracker = methods_lib.Tracker(  # calibration: n_cal base rollouts per prompt
         successes_p=successes_p.astype(jnp.float32),
         counts_p=jnp.full(population.p_base_p.shape, n_cal, jnp.float32))
+    anchor_weight_p = jnp.zeros_like(population.p_base_p)
+    samples = jnp.zeros((), jnp.float32)
+    if spec.pba:
+        anchor_successes_p = None
+        if spec.pba_kind == "trainer":  # PBA's own base calibration (its own key)
+            anchor_successes_p = methods_lib.calibration_successes(
+                jax.random.fold_in(key_cal, 1), population.p_base_p, cfg.pba_calibration_samples)
+            if cfg.pba_charge_calibration:
+                samples = jnp.float32(population.p_base_p.shape[0] * cfg.pba_calibration_samples)
+        anchor_weight_p = methods_lib.anchor_weights(spec.pba_kind, population.p_base_p,
+                                                     anchor_successes_p, cfg)
     return SimState(
         population=population,
         params=params,
@@ -161,7 +191,9 @@ def init_state(key: jax.Array, cfg: SimConfig, spec: methods_lib.MethodSpec,
         tracker=tracker,
         key=key_run,
         tracked_idx_n=_tracked_prompts(key_track, population.regime_p, cfg.num_tracked),
-        samples=jnp.zeros((), jnp.float32),
+        anchor_weight_p=anchor_weight_p,
+        samples=samples,
+        updates=jnp.zeros((), jnp.int32),
         step=jnp.zeros((), jnp.int32),
     )
 
@@ -183,7 +215,8 @@ def train_step(state: SimState, cfg: SimConfig,
     key, key_select = jax.random.split(state.key)
     sample_fn = functools.partial(sample_modes, params=state.params,
                                   population=state.population, sharing=cfg.sharing,
-                                      private_gain=cfg.private_gain)
+                                  private_gain=cfg.private_gain,
+                                  private_coupling=cfg.private_coupling)
     batch = methods_lib.SELECTIONS[spec.selection](
         key_select, lambda k, idx, g: sample_fn(k, prompt_idx_n=idx, num_samples=g),
         state.tracker, cfg)
@@ -191,7 +224,7 @@ def train_step(state: SimState, cfg: SimConfig,
     adv_pg, estimator_state = methods_lib.make_sim_estimator(spec.estimator, cfg).update(
         batch.rewards_pg, batch.valid_pg, batch.rewards_pg, state.estimator_state, paired_p=paired_p)
     loss, grads = jax.value_and_grad(policy_loss)(
-        state.params, state.population, batch, adv_pg, cfg, spec.pba)
+        state.params, state.population, batch, adv_pg, cfg, spec.pba, state.anchor_weight_p)
     updates, opt_state = make_optimizer(cfg).update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     valid_pg = batch.valid_pg
@@ -201,11 +234,14 @@ def train_step(state: SimState, cfg: SimConfig,
         informative=jnp.mean(jnp.any(adv_pg != 0.0, axis=1).astype(jnp.float32)),
         paired=batch.paired.astype(jnp.float32),
         loss=loss)
-    new_state = state._replace(
+    learned = state._replace(
         params=params, opt_state=opt_state, estimator_state=estimator_state,
-        tracker=_update_tracker(state.tracker, batch, cfg.tracker_decay), key=key,
-        samples=state.samples + batch.samples.astype(jnp.float32), step=state.step + 1)
-    return new_state, stats
+        tracker=_update_tracker(state.tracker, batch, cfg.tracker_decay),
+        samples=state.samples + batch.samples.astype(jnp.float32), updates=state.updates + 1)
+    if cfg.sample_budget > 0:  # over budget: keep the old state (key and step still advance)
+        within = state.samples < jnp.float32(cfg.sample_budget)
+        learned = jax.tree.map(lambda new, old: jnp.where(within, new, old), learned, state)
+    return learned._replace(key=key, step=state.step + 1), stats
 
 
 def _by_regime(values_p: jnp.ndarray, onehot_pr: jnp.ndarray, mean: bool) -> jnp.ndarray:
@@ -220,8 +256,7 @@ def _by_regime(values_p: jnp.ndarray, onehot_pr: jnp.ndarray, mean: bool) -> jnp
 def measure(state: SimState, cfg: SimConfig) -> Metrics:
     """Exact population metrics of the current policy (one seed)."""
     population = state.population
-    logits_pm = pop_lib.policy_logits(state.params, population, sharing=cfg.sharing,
-                                      private_gain=cfg.private_gain)
+    logits_pm = logits(state.params, population, cfg)
     p_p = pop_lib.pass_rate(logits_pm, population.correct_pm)
     onehot_pr = jnp.concatenate(
         [jax.nn.one_hot(population.regime_p, NUM_REGIMES, dtype=jnp.float32),
@@ -237,6 +272,7 @@ def measure(state: SimState, cfg: SimConfig) -> Metrics:
                         onehot_pr, True),
         p_tracked_n=p_p[state.tracked_idx_n],
         samples=state.samples,
+        updates=state.updates.astype(jnp.float32),
     )
 
 
@@ -250,9 +286,8 @@ def run_chunk(state: SimState, cfg: SimConfig, spec: methods_lib.MethodSpec,
 
 def final_pass_rates(state: SimState, cfg: SimConfig) -> jnp.ndarray:
     """Exact p(x) of every prompt under the current policy, float32 [P]."""
-    logits_pm = pop_lib.policy_logits(state.params, state.population, sharing=cfg.sharing,
-                                      private_gain=cfg.private_gain)
-    return pop_lib.pass_rate(logits_pm, state.population.correct_pm)
+    return pop_lib.pass_rate(logits(state.params, state.population, cfg),
+                             state.population.correct_pm)
 
 
 class SimRun(NamedTuple):

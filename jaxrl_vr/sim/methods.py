@@ -1,27 +1,43 @@
 """Methods of the simulator: estimators, prompt-selection rules and PBA, by name.
 
 A method name is one or more tokens joined by "+": at most one estimator, one selection
-rule and the ``pba`` regulariser, e.g. ``grpo``, ``maxrl``, ``curverl+pba``,
+rule and one PBA regulariser, e.g. ``grpo``, ``maxrl``, ``curverl+pba_trainer``,
 ``dapo``, ``two_stage+loo``, ``pairing``. Missing parts default to the GRPO estimator
 and uniform selection (``pairing`` defaults to Weighted GRPO, ``pair_weighted``). The
 estimators are the trainer's own (``jaxrl_vr.estimators``: one registry, one set of
 names) and every selection rule calls into ``jaxrl_vr.selection`` where a jittable
 version exists; nothing here restates their formulas. Adding a selection rule is one
 function and one registry line.
+
+PBA comes in two kinds (``PBA_KINDS``):
+
+* ``pba_trainer``: as the trainer does it (``jaxrl_vr.train.methods.Anchor``). Before RL,
+  ``sim.pba_calibration_samples`` = n base rollouts per prompt give c ~ Binomial(n,
+  p_base) and p̂ = c/n (``PromptTracker.p_base``); a prompt is anchored when
+  τ_low <= p̂ <= τ_high with the trainer's band [0.03, 0.6] and λ = 0.1
+  (``sim.pba_trainer_*``). With ``sim.pba_charge_calibration`` the P·n calibration
+  rollouts count against ``sim.sample_budget``.
+* ``pba`` (alias ``pba_oracle``): an **oracle** no trainer can run. It anchors on the
+  exact p_base with its own band (default [0, 0.1]: the out-of-reach and boundary
+  prompts, the ones "lost" counts) and λ = ``sim.pba_coef`` = 1, and pays nothing.
 """
 
 from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 
 from jaxrl_vr.estimators import ESTIMATORS, Estimator, EstimatorContext, make_estimator
-from jaxrl_vr.selection import dynamic, two_stage
+from jaxrl_vr.selection import anchor, dynamic, two_stage
 
 # Tolerance on band edges of tracked rates (the same role as selection.pairing's _EPS).
 _BAND_EPS = 1e-6
+
+
+PBA_KINDS = ("oracle", "trainer")
 
 
 class MethodSpec(NamedTuple):
@@ -30,6 +46,7 @@ class MethodSpec(NamedTuple):
     estimator: str
     selection: str
     pba: bool
+    pba_kind: str = "oracle"  # one of PBA_KINDS; meaningful only when pba
 
 
 class Tracker(NamedTuple):
@@ -74,6 +91,48 @@ def make_sim_estimator(name: str, cfg) -> Estimator:
     rewards: the rewards are the successes)."""
     return make_estimator(name, estimator_settings(name, cfg),
                           context=EstimatorContext(cfg.batch_prompts, 0.5))
+
+
+# ------------------------------------------------------------------------------- PBA
+
+
+def calibration_successes(key: jax.Array, p_base_p: jnp.ndarray, num_samples: int) -> jnp.ndarray:
+    """Successes of ``num_samples`` base rollouts per prompt, c ~ Binomial(n, p_base).
+
+    Args:
+      key: PRNG key.
+      p_base_p: float32 [P] exact base pass rates.
+      num_samples: n >= 1 calibration rollouts per prompt.
+
+    Returns:
+      float32 [P] counts in {0, ..., n}.
+    """
+    chex.assert_rank(p_base_p, 1)
+    p_base_p = jnp.clip(jnp.asarray(p_base_p, jnp.float32), 0.0, 1.0)
+    counts_p = jax.random.binomial(key, jnp.float32(num_samples), p_base_p)
+    return jnp.clip(jnp.round(counts_p), 0.0, num_samples).astype(jnp.float32)
+
+
+def anchor_weights(kind: str, p_base_p: jnp.ndarray, successes_p: jnp.ndarray | None,
+                   cfg) -> jnp.ndarray:
+    """PBA's frozen per-prompt KL weight λ·1[anchor(x)], float32 [P].
+
+    ``"trainer"``: ``selection.anchor.anchored_kl_weight`` of p̂ = c/n (n =
+    ``cfg.pba_calibration_samples``, c = ``successes_p``) with the trainer's band and λ
+    (``cfg.pba_trainer_*``). ``"oracle"``: the same function of the exact ``p_base_p``
+    with ``cfg.pba_tau_*`` and ``cfg.pba_coef`` (``successes_p`` unused).
+    """
+    chex.assert_rank(p_base_p, 1)
+    if kind == "oracle":
+        return anchor.anchored_kl_weight(p_base_p, coef=cfg.pba_coef, tau_low=cfg.pba_tau_low,
+                                         tau_high=cfg.pba_tau_high, polarity=cfg.pba_polarity)
+    if kind != "trainer":
+        raise ValueError(f"PBA kind must be one of {PBA_KINDS}, got {kind!r}.")
+    chex.assert_equal_shape([p_base_p, successes_p])
+    p_hat_p = successes_p / jnp.float32(cfg.pba_calibration_samples)
+    return anchor.anchored_kl_weight(p_hat_p, coef=cfg.pba_trainer_coef,
+                                     tau_low=cfg.pba_trainer_tau_low,
+                                     tau_high=cfg.pba_trainer_tau_high, polarity=cfg.pba_polarity)
 
 
 # ------------------------------------------------------------------------- selection
@@ -192,7 +251,8 @@ SELECTIONS: dict[str, Callable[..., Batch]] = {
     "pairing": select_pairing,
 }
 _SELECTION_ALIASES = {"dynamic": "dapo"}
-REGULARISERS = ("pba",)
+# Regulariser tokens -> PBA kind ("pba" is the oracle, kept under its old name).
+REGULARISERS = {"pba": "oracle", "pba_oracle": "oracle", "pba_trainer": "trainer"}
 
 
 def parse_method(name: str) -> MethodSpec:
@@ -202,7 +262,7 @@ def parse_method(name: str) -> MethodSpec:
       ValueError naming the unknown token and the valid ones.
     """
     estimator = selection = None
-    pba = False
+    pba, pba_kind = False, "oracle"
     tokens = [t.strip() for t in name.split("+") if t.strip()]
     if not tokens:
         raise ValueError(f"empty method name {name!r}.")
@@ -213,15 +273,16 @@ def parse_method(name: str) -> MethodSpec:
         elif token in SELECTIONS and selection is None:
             selection = token
         elif token in REGULARISERS and not pba:
-            pba = True
+            pba, pba_kind = True, REGULARISERS[token]
         else:
             raise ValueError(
                 f"method {name!r}: token {token!r} is unknown or repeated; use at most one "
                 f"estimator ({', '.join(ESTIMATORS)}), one selection "
-                f"({', '.join(SELECTIONS)}, dynamic) and 'pba', joined by '+'.")
+                f"({', '.join(SELECTIONS)}, dynamic) and one of {', '.join(REGULARISERS)}, "
+                "joined by '+'.")
     selection = selection or "uniform"
     if estimator is None:
         estimator = "pair_weighted" if selection == "pairing" else "grpo"
     if estimator == "pair_weighted" and selection != "pairing":
         raise ValueError(f"method {name!r}: pair_weighted needs the 'pairing' selection.")
-    return MethodSpec(estimator=estimator, selection=selection, pba=pba)
+    return MethodSpec(estimator=estimator, selection=selection, pba=pba, pba_kind=pba_kind)

@@ -15,6 +15,15 @@ shared. κ (``private_gain``) sets how strong private learning is: a batch of Pb
 adds Pb coherent shared terms but only one private term per prompt, so κ ≈ Pb makes a
 prompt's own step comparable to the batch's shared step.
 
+``private_coupling`` says whether ρ also sets the private step: "coupled" (the default,
+the formula above) scales the private path by √((1−ρ)·κ), so raising ρ shrinks the
+private step; "fixed" scales it by √κ alone,
+
+    z_{x,m} = b_{x,m} + √ρ · ⟨θ, φ_{x,m}⟩ + √κ · ψ_{x,m},
+
+so ρ changes only the shared step (kernel ρ·⟨φ, φ'⟩ + κ·1[x = x', m = m']). "fixed" with
+κ = (1−ρ₀)·κ₀ has the kernel of "coupled" at (ρ₀, κ₀).
+
 Features: φ_{x,m} = normalise(√β · g_{s(x,m)} + √(1−β) · n_{x,m}), where g_1..g_S are
 unit "strategy" vectors common to all prompts, s(x,m) the strategy of mode m of x (for
 correct modes drawn from a Zipf law q_s ∝ s^(−a), for wrong modes uniformly) and n_{x,m}
@@ -39,6 +48,8 @@ import jax.numpy as jnp
 from jaxrl_vr import entropy, kl, passk
 
 _LOGIT_MIN = jnp.finfo(jnp.float32).min
+# How ρ enters the private path (see the module docstring).
+PRIVATE_COUPLINGS = ("coupled", "fixed")
 
 
 class Population(NamedTuple):
@@ -152,6 +163,7 @@ def policy_logits(
     *,
     sharing: float,
     private_gain: float = 1.0,
+    private_coupling: str = "coupled",
 ) -> jnp.ndarray:
     """Mode logits z = b + √ρ·⟨θ, φ⟩ + √((1−ρ)·κ)·ψ for all prompts or a batch of them.
 
@@ -161,6 +173,8 @@ def policy_logits(
       prompt_idx: optional int [N] prompt indices (None = all P prompts).
       sharing: ρ in [0, 1] (static or traced).
       private_gain: κ > 0.
+      private_coupling: "coupled" (private scale √((1−ρ)·κ)) or "fixed" (√κ: ρ leaves the
+        private step unchanged); static.
 
     Returns:
       float32 [N or P, M].
@@ -170,9 +184,15 @@ def policy_logits(
     if prompt_idx is not None:
         chex.assert_rank(prompt_idx, 1)
         base, feats, private = base[prompt_idx], feats[prompt_idx], private[prompt_idx]
+    if private_coupling not in PRIVATE_COUPLINGS:
+        raise ValueError(f"private_coupling must be one of {PRIVATE_COUPLINGS}, got "
+                         f"{private_coupling!r}.")
     sharing = jnp.asarray(sharing, jnp.float32)
     shared_pm = jnp.einsum("pmd,d->pm", feats, params.shared_d)
-    private_scale = jnp.sqrt((1.0 - sharing) * jnp.asarray(private_gain, jnp.float32))
+    private_weight = jnp.asarray(private_gain, jnp.float32)
+    if private_coupling == "coupled":
+        private_weight = (1.0 - sharing) * private_weight
+    private_scale = jnp.sqrt(private_weight)
     return base + jnp.sqrt(sharing) * shared_pm + private_scale * private
 
 

@@ -80,6 +80,7 @@ def summarize_run(run: SimRun, max_k: int = MAX_K) -> dict:
         "estimator": run.spec.estimator,
         "selection": run.spec.selection,
         "pba": bool(run.spec.pba),
+        "pba_kind": run.spec.pba_kind if run.spec.pba else None,
         "wall_s": float(run.wall_s),
         "regime_counts": {
             name: [int((run.regime_sp[s] == r).sum()) if r < NUM_REGIMES else
@@ -101,6 +102,7 @@ def summarize_run(run: SimRun, max_k: int = MAX_K) -> dict:
             "entropy": {name: _stat(m.entropy_r[:, -1, r]) for r, name in enumerate(REGIME_ROWS)},
             "kl_to_base": {name: _stat(m.kl_r[:, -1, r]) for r, name in enumerate(REGIME_ROWS)},
             "samples_generated": _stat(m.samples[:, -1]),
+            "updates": _stat(m.updates[:, -1]),
         },
         "curves": {  # means over seeds, one value per logged step
             "delta_pass_at_1": {name: _floats(delta_slrk[:, :, r, 0].mean(0))
@@ -250,11 +252,12 @@ def write_plots(runs: Sequence[SimRun], workdir: str | os.PathLike) -> list[path
     return paths
 
 
-def study_table(summaries: dict[str, dict], *, regime: str = "boundary") -> str:
+def study_table(summaries: dict[str, dict], *, regime: str = "boundary",
+                methods: Sequence[str] | None = None) -> str:
     """Markdown table over several simulation.json documents (label -> summary).
 
     Columns: final Δpass@1 and Δpass@256 on ``regime`` and overall, and lost prompts,
-    as mean ± 95% half-width over seeds.
+    as mean ± 95% half-width over seeds. ``methods``: only these rows (default all).
     """
     def cell(stat, index=None):
         mean, half = stat["mean"], stat["ci95"]
@@ -271,6 +274,8 @@ def study_table(summaries: dict[str, dict], *, regime: str = "boundary") -> str:
              "|---|---|---|---|---|---|---|---|"]
     for label, summary in summaries.items():
         for method, res in summary["methods"].items():
+            if methods is not None and method not in methods:
+                continue
             d = res["final"]["delta_pass_at_k_headline"]
             lost = res["final"]["lost"]
             lines.append(

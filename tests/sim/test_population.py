@@ -77,3 +77,53 @@ def test_mode_entropy_and_kl_to_base():
                                [np.log(2), -(0.9 * np.log(0.9) + 0.1 * np.log(0.1))], rtol=1e-5)
     np.testing.assert_allclose(pop_lib.kl_to_base(logits, base),
                                [0.0, 0.9 * np.log(1.8) + 0.1 * np.log(0.2)], atol=1e-6)
+
+
+def test_private_coupling_fixed_holds_the_private_step_when_rho_changes(population):
+    """"fixed" scales ψ by √κ whatever ρ; "coupled" by √((1−ρ)κ); the config reaches both."""
+    import dataclasses
+
+    from experiments.configs import sim as sim_config
+    from jaxrl_vr.sim import SimConfig, methods
+
+    key_t, key_p = jax.random.split(jax.random.key(1))
+    params = pop_lib.PolicyParams(jax.random.normal(key_t, (SPEC.feature_dim,)),
+                                  jax.random.normal(key_p, (SPEC.num_prompts, SPEC.num_modes)))
+    idx = jnp.arange(50)
+    # Fixed at κ = (1 − ρ0)·κ0 has the kernel (and the logits) of coupled at (ρ0, κ0).
+    coupled = pop_lib.policy_logits(params, population, idx, sharing=0.9, private_gain=256.0)
+    fixed = pop_lib.policy_logits(params, population, idx, sharing=0.9, private_gain=25.6,
+                                  private_coupling="fixed")
+    np.testing.assert_allclose(fixed, coupled, rtol=1e-5, atol=1e-5)
+    # With θ = 0 the logits, and so ψ's gradient, do not depend on ρ under "fixed"; under
+    # "coupled" ψ's gradient scales with √(1 − ρ).
+    zero_theta = params._replace(shared_d=jnp.zeros_like(params.shared_d))
+    batch = methods.Batch(idx[:2].astype(jnp.int32), jnp.array([[0, 1, 2], [1, 0, 0]], jnp.int32),
+                          jnp.array([[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]]), jnp.ones((2, 3), bool),
+                          jnp.int32(6), jnp.array(False))
+    adv = jnp.array([[1.0, -0.5, -0.5], [-1.0, 0.5, 0.5]])
+
+    def private_grad(rho, coupling):
+        cfg = SimConfig(num_prompts=SPEC.num_prompts, feature_dim=SPEC.feature_dim,
+                        sharing=rho, private_gain=16.0, private_coupling=coupling)
+        grads = jax.grad(engine.policy_loss)(zero_theta, population, batch, adv, cfg, False)
+        return np.asarray(grads.private_pm[:2])
+
+    np.testing.assert_allclose(private_grad(0.2, "fixed"), private_grad(0.8, "fixed"), rtol=1e-6)
+    np.testing.assert_allclose(private_grad(0.2, "coupled") * np.sqrt(0.2 / 0.8),
+                               private_grad(0.8, "coupled"), rtol=1e-5, atol=1e-8)
+    assert np.abs(private_grad(0.8, "coupled")).max() > 0
+    # Reachable from the config file (the CLI's --config.sim.* overrides), ρ and κ included.
+    tree = sim_config.get_config("").to_dict()["sim"]
+    tree.update(private_coupling="fixed", private_gain=64.0, sharing=0.5)
+    cfg = SimConfig.from_dict(tree)
+    got = engine.logits(params, population, cfg, idx)
+    want = pop_lib.policy_logits(params, population, idx, sharing=0.5, private_gain=64.0,
+                                 private_coupling="fixed")
+    np.testing.assert_array_equal(got, want)
+    assert not np.allclose(got, engine.logits(params, population,
+                                              dataclasses.replace(cfg, private_coupling="coupled"),
+                                              idx))
+    with pytest.raises(ValueError, match="private_coupling"):
+        from jaxrl_vr.sim.config import validate
+        validate(dataclasses.replace(cfg, private_coupling="fixd"))
