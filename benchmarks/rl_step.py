@@ -23,7 +23,9 @@ sequence); ``update_executed_fraction_of_matmul_peak`` counts what the update ra
 
 ``--precision bf16`` is the mixed-precision policy: float32 master weights and optimizer
 state, bf16 matmul operands with float32 accumulation (``set_compute_dtype(model,
-"bfloat16")``). Reported (JSON): median step / rollout / update seconds over the timed steps,
+"bfloat16")``). ``--lora-rank R`` runs the same workload training rank-R adapters
+(``--lora-alpha``, default 2R) on all seven block matrices of the frozen base
+(``jaxrl_vr.models.lora``); the FLOP fractions still count full fine-tuning's work. Reported (JSON): median step / rollout / update seconds over the timed steps,
 generated tokens/s, peak RSS, this run's dense float32 matmul peak (and the bf16-operand /
 f32-accumulation peak), the update's analytic model FLOP/s as a fraction of the f32 peak,
 the update's minor page faults and kernel seconds, GLIBC_TUNABLES and XLA_FLAGS, and the
@@ -57,7 +59,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jaxrl_vr.estimators import make_estimator  # noqa: E402
 from jaxrl_vr.host_memory import keep_host_memory, memory_optimized_cpu_schedule  # noqa: E402
-from jaxrl_vr.models import from_pretrained, load_tokenizer, set_compute_dtype  # noqa: E402
+from jaxrl_vr.models import add_lora, from_pretrained, load_tokenizer, set_compute_dtype  # noqa: E402
 from jaxrl_vr.train import (  # noqa: E402
     LossConfig,
     OptimConfig,
@@ -209,6 +211,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--concurrency-schedule", action="store_true",
                         help="keep XLA:CPU's default (concurrency-optimized) scheduler instead of "
                              "jaxrl_vr.host_memory.memory_optimized_cpu_schedule()")
+    parser.add_argument("--lora-rank", type=int, default=0, help="train rank-R LoRA adapters on a frozen base (0 = off)")
+    parser.add_argument("--lora-alpha", type=float, default=0.0, help="LoRA alpha (default 2 x rank)")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
     if not args.concurrency_schedule:
@@ -227,6 +231,9 @@ def main(argv=None) -> dict:
 
     model = from_pretrained(args.model_dir, dtype="float32", remat=args.remat)
     set_compute_dtype(model, PRECISIONS[args.precision])
+    lora_alpha = args.lora_alpha or 2.0 * args.lora_rank
+    if args.lora_rank:  # all seven block matrices; only the adapters are trained (split_model)
+        add_lora(model, rank=args.lora_rank, alpha=lora_alpha, key=jax.random.key(43))
     tokenizer = load_tokenizer(args.model_dir)
     graphdef, params, rest = split_model(model)
     optim = make_optimizer(OPTIM)
@@ -290,6 +297,7 @@ def main(argv=None) -> dict:
         "model": os.path.basename(os.path.normpath(args.model_dir)),
         "P": args.prompts, "G": args.gens, "new_tokens": args.max_new_tokens,
         "microbatches": args.microbatches, "logprob_chunk": chunk, "remat": args.remat,
+        "lora_rank": args.lora_rank, "lora_alpha": lora_alpha if args.lora_rank else 0.0,
         "prompt_group_size": group,
         "prompts_sha": prompts_sha,
         "median_step_s": median("step_s"),
