@@ -23,14 +23,16 @@ sequence); ``update_executed_fraction_of_matmul_peak`` counts what the update ra
 
 ``--precision bf16`` is the mixed-precision policy: float32 master weights and optimizer
 state, bf16 matmul operands with float32 accumulation (``set_compute_dtype(model,
-"bfloat16")``). ``--lora-rank R`` runs the same workload training rank-R adapters
-(``--lora-alpha``, default 2R) on all seven block matrices of the frozen base
-(``jaxrl_vr.models.lora``); the FLOP fractions still count full fine-tuning's work. Reported (JSON): median step / rollout / update seconds over the timed steps,
+"bfloat16")``). Reported (JSON): median step / rollout / update seconds over the timed steps,
 generated tokens/s, peak RSS, this run's dense float32 matmul peak (and the bf16-operand /
 f32-accumulation peak), the update's analytic model FLOP/s as a fraction of the f32 peak,
 the update's minor page faults and kernel seconds, GLIBC_TUNABLES and XLA_FLAGS, and the
 1-minute load average before and after (the machine may be shared). A benchmark, never a
 test.
+
+``--lora-rank R`` runs the same workload training rank-R adapters (``--lora-alpha``, default
+2R) on all seven block matrices of a frozen base (``jaxrl_vr.models.lora``); the FLOP
+fractions still count full fine-tuning's work.
 
 Like ``experiments.train``, it calls ``jaxrl_vr.host_memory.keep_host_memory()`` first, so
 the process keeps the memory XLA frees (docs/performance.md at 9f22ea1, "perf17");
@@ -211,7 +213,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--concurrency-schedule", action="store_true",
                         help="keep XLA:CPU's default (concurrency-optimized) scheduler instead of "
                              "jaxrl_vr.host_memory.memory_optimized_cpu_schedule()")
-    parser.add_argument("--lora-rank", type=int, default=0, help="train rank-R LoRA adapters on a frozen base (0 = off)")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="train rank-R LoRA adapters on a frozen base (0 = off)")
     parser.add_argument("--lora-alpha", type=float, default=0.0, help="LoRA alpha (default 2 x rank)")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)

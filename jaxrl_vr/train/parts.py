@@ -72,8 +72,9 @@ def build_parts(cfg: PipelineConfig, model, tokenizer, items: Sequence[Any], wor
       tracker: a PromptTracker over ``items`` (default: a new one).
       hooks: more hooks (``jaxrl_vr.hooks.Hook``), after the methods of the config.
       reference_params: frozen π_ref params (default: the model's own params, which the
-        trainer never changes: it trains a copy; with LoRA, its adapters zeroed). Kept only when the KL term is in the loss
-        or ``rl.log_reference_kl`` is set; otherwise the parts hold no base params.
+        trainer never changes: it trains a copy; with LoRA, its adapters zeroed). Kept only
+        when the KL term is in the loss or ``rl.log_reference_kl`` is set; otherwise the
+        parts hold no base params.
       mesh: a ``jax.sharding.Mesh``: params and optimizer state are sharded over its
         ``fsdp`` (and ``tensor``) axes by ``jaxrl_vr.parallel``'s rules, minibatches over
         ``data`` × ``fsdp``.

@@ -106,8 +106,8 @@ def test_model_lora_reaches_the_loaded_policy(exported, tmp_path, base_dtype):
     from jaxrl_vr.models.lora import lora_targets
     from jaxrl_vr.train.sources import load_policy
 
-    tree = _smoke_tree(model={"source": "hf", "path": exported,
-                              "lora": {"rank": 3, "alpha": 12.0, "targets": ["wq", "w_down"], "base_dtype": base_dtype}})
+    lora = {"rank": 3, "alpha": 12.0, "targets": ["wq", "w_down"], "base_dtype": base_dtype}
+    tree = _smoke_tree(model={"source": "hf", "path": exported, "lora": lora})
     cfg = PipelineConfig.from_dict(tree)
     model = load_policy(cfg, str(tmp_path), load_task(cfg), log=lambda line: None).model
     assert lora_targets(model) == ("wq", "w_down") and model.layers.lora_scale == 4.0
