@@ -30,6 +30,10 @@ the update's minor page faults and kernel seconds, GLIBC_TUNABLES and XLA_FLAGS,
 1-minute load average before and after (the machine may be shared). A benchmark, never a
 test.
 
+``--lora-rank R`` runs the same workload training rank-R adapters (``--lora-alpha``, default
+2R) on all seven block matrices of a frozen base (``jaxrl_vr.models.lora``); the FLOP
+fractions still count full fine-tuning's work.
+
 Like ``experiments.train``, it calls ``jaxrl_vr.host_memory.keep_host_memory()`` first, so
 the process keeps the memory XLA frees (docs/performance.md at 9f22ea1, "perf17");
 ``--release-host-memory`` measures JAX's default instead. It also asks XLA:CPU to schedule for
@@ -57,7 +61,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jaxrl_vr.estimators import make_estimator  # noqa: E402
 from jaxrl_vr.host_memory import keep_host_memory, memory_optimized_cpu_schedule  # noqa: E402
-from jaxrl_vr.models import from_pretrained, load_tokenizer, set_compute_dtype  # noqa: E402
+from jaxrl_vr.models import add_lora, from_pretrained, load_tokenizer, set_compute_dtype  # noqa: E402
 from jaxrl_vr.train import (  # noqa: E402
     LossConfig,
     OptimConfig,
@@ -209,6 +213,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--concurrency-schedule", action="store_true",
                         help="keep XLA:CPU's default (concurrency-optimized) scheduler instead of "
                              "jaxrl_vr.host_memory.memory_optimized_cpu_schedule()")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="train rank-R LoRA adapters on a frozen base (0 = off)")
+    parser.add_argument("--lora-alpha", type=float, default=0.0, help="LoRA alpha (default 2 x rank)")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
     if not args.concurrency_schedule:
@@ -227,6 +234,9 @@ def main(argv=None) -> dict:
 
     model = from_pretrained(args.model_dir, dtype="float32", remat=args.remat)
     set_compute_dtype(model, PRECISIONS[args.precision])
+    lora_alpha = args.lora_alpha or 2.0 * args.lora_rank
+    if args.lora_rank:  # all seven block matrices; only the adapters are trained (split_model)
+        add_lora(model, rank=args.lora_rank, alpha=lora_alpha, key=jax.random.key(43))
     tokenizer = load_tokenizer(args.model_dir)
     graphdef, params, rest = split_model(model)
     optim = make_optimizer(OPTIM)
@@ -290,6 +300,7 @@ def main(argv=None) -> dict:
         "model": os.path.basename(os.path.normpath(args.model_dir)),
         "P": args.prompts, "G": args.gens, "new_tokens": args.max_new_tokens,
         "microbatches": args.microbatches, "logprob_chunk": chunk, "remat": args.remat,
+        "lora_rank": args.lora_rank, "lora_alpha": lora_alpha if args.lora_rank else 0.0,
         "prompt_group_size": group,
         "prompts_sha": prompts_sha,
         "median_step_s": median("step_s"),

@@ -10,6 +10,7 @@ from jaxrl_vr.models.hf_io import (
     save_pretrained,
     to_hf_state_dict,
 )
+from jaxrl_vr.models.lora import LORA_TARGETS, add_lora, has_lora, lora_off, lora_targets, merge_lora
 from jaxrl_vr.models.tokenizers import (
     CharTokenizer,
     GGUFTokenizer,
@@ -28,6 +29,12 @@ __all__ = [
     "PrefixKV",
     "num_params",
     "set_compute_dtype",
+    "LORA_TARGETS",
+    "add_lora",
+    "has_lora",
+    "lora_off",
+    "lora_targets",
+    "merge_lora",
     "from_hf_state_dict",
     "from_pretrained",
     "load_hf_tensors",

@@ -45,6 +45,19 @@ LAYER_PARAM_NAMES = (
     "mlp_norm", "w_gate", "w_up", "w_down",
 )
 
+MATMUL_WEIGHT_NAMES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+"""Stacked block matrices (the bulk of the parameters): only ever read as matmul operands."""
+
+
+def lora_names(target: str) -> tuple[str, str]:
+    """The stacked adapter names of block matrix `target` (`jaxrl_vr.models.lora`):
+    A [L, D_in, r] and B [L, r, D_out], with the head axes of wq/wk/wv (output) and wo
+    (input) merged as `_block` merges them."""
+    return f"{target}_lora_a", f"{target}_lora_b"
+
+
+LORA_PARAM_NAMES = tuple(name for target in MATMUL_WEIGHT_NAMES for name in lora_names(target))
+
 
 class KVCache(NamedTuple):
     """Static-shape key/value cache, one buffer per layer.
@@ -361,16 +374,23 @@ def init_params(key: jax.Array, config: DecoderConfig) -> dict[str, jax.Array]:
 
 
 class DecoderLayers(nnx.Module):
-    """All transformer blocks' parameters, stacked along a leading layer axis L."""
+    """All transformer blocks' parameters, stacked along a leading layer axis L.
+
+    Low-rank adapters (`jaxrl_vr.models.lora.add_lora`) are `nnx.LoRAParam` attributes named
+    by `lora_names`, stacked the same way; `lora_scale` (alpha / r, static) multiplies their
+    term, 0.0 without adapters.
+    """
 
     def __init__(self, params: dict[str, jax.Array]):
         for name in LAYER_PARAM_NAMES:
             value = params.get(f"layers.{name}")
             setattr(self, name, None if value is None else nnx.Param(value))
+        self.lora_scale = 0.0
 
     def stacked(self) -> dict[str, jax.Array]:
-        """Present parameters as a dict of [L, ...] arrays (the xs of the layer scan)."""
-        return {name: getattr(self, name)[...] for name in LAYER_PARAM_NAMES if getattr(self, name) is not None}
+        """Present parameters (and adapters) as a dict of [L, ...] arrays (the xs of the layer scan)."""
+        return {name: getattr(self, name)[...] for name in LAYER_PARAM_NAMES + LORA_PARAM_NAMES
+                if getattr(self, name, None) is not None}
 
     def unstacked(self) -> list[dict[str, jax.Array]]:
         """Layer l's parameters as their own arrays, for l = 0 .. L-1 (static slices).
@@ -385,28 +405,42 @@ class DecoderLayers(nnx.Module):
 
 
 def _block(config: DecoderConfig, p: dict[str, jax.Array], x_btd: jax.Array, cos_bte, sin_bte, kv_fn,
-           attend_fn=attend):
+           attend_fn=attend, lora_scale: float = 0.0):
     """One pre-norm block; returns (new x, kv_fn's auxiliary output).
 
     `kv_fn(k_btke, v_btke) -> (keys, values, allowed_bts, aux)` picks the attention context:
     the chunk itself ([B, S, Hkv, Dh], `attend`), or the KV cache after writing the chunk
     (keys [B, Hkv, Dh, S], values [B, Hkv, S, Dh], `attend_cache`; aux = updated cache).
     `attend_fn` must match kv_fn's layout.
+
+    A block matrix W with adapters in `p` (`lora_names`) computes x·W + lora_scale·(x·A)·B on
+    the activation path (LoRA, Hu et al. 2021, arXiv 2106.09685): W + A·B is never formed,
+    so the backward pass needs no [D_in, D_out] product and, for a frozen W, forms no weight
+    gradient of W.
     """
     eps = config.rms_norm_eps
     compute = jnp.dtype(config.matmul_dtype)
 
-    def mm(spec, x, w, save="y"):  # Compute-dtype operands, f32 accumulation, residual dtype out.
+    def adapter(name):  # (A, B) of block matrix `name`, or None
+        a_name, b_name = lora_names(name)
+        return (p[a_name], p[b_name]) if a_name in p else None
+
+    def mm(spec, x, w, save="y", lora=None):  # Compute-dtype operands, f32 accumulation, residual dtype out.
         # Where the backward pass keeps mm's own residuals (gate and up; the other matmuls run
         # in `kept_inputs` pieces or `swiglu_down`, which keep their inputs): the float32 weight
         # slice (the scan forwards it; a bf16 copy would be stacked per layer) and, for the
         # normed input both read ("xy"), one float32 array instead of one bf16 copy per matmul:
         # bf16 compute then needs about the activation memory of float32.
-        return mixed_einsum(spec, x, w, dtype=compute, save_inputs=save).astype(x_btd.dtype)
+        y = mixed_einsum(spec, x, w, dtype=compute, save_inputs=save)
+        if lora is not None:  # x·A keeps the x that x·W keeps; the [.., r] product is small
+            x_sub, _, out_sub = spec.replace("->", ",").split(",")
+            xa = mixed_einsum(f"{x_sub},{x_sub[-1]}r->{x_sub[:-1]}r", x, lora[0], dtype=compute, save_inputs="x")
+            y = y + lora_scale * mixed_einsum(f"{x_sub[:-1]}r,r{out_sub[-1]}->{out_sub}", xa, lora[1], dtype=compute)
+        return y.astype(x_btd.dtype)
 
-    def project(h, w):  # [D, heads, Dh] weight with its head axes merged (free reshapes), as wo below
+    def project(h, w, lora=None):  # [D, heads, Dh] weight with its head axes merged (free reshapes), as wo below
         d, heads, e = w.shape
-        return mm("btd,df->btf", h, w.reshape(d, heads * e), "xy").reshape(*h.shape[:2], heads, e)
+        return mm("btd,df->btf", h, w.reshape(d, heads * e), "xy", lora).reshape(*h.shape[:2], heads, e)
 
     # What the backward pass keeps (docs/performance.md, "perf31"): each `kept_inputs` piece
     # keeps only its inputs and recomputes the rest, all elementwise or free: a norm keeps x,
@@ -416,7 +450,8 @@ def _block(config: DecoderConfig, p: dict[str, jax.Array], x_btd: jax.Array, cos
     # `swiglu_down` keeps gate, up and their product, not silu(gate), its sigmoid and more.
     norm = kept_inputs(lambda x, w: rms_norm(x, w, eps))
     h_btd = norm(x_btd, p["attn_norm"])
-    q, k, v = kept_inputs(lambda h, *ws: tuple(project(h, w) for w in ws))(h_btd, p["wq"], p["wk"], p["wv"])
+    q, k, v = kept_inputs(lambda h, ws, loras: tuple(project(h, w, lora) for w, lora in zip(ws, loras)))(
+        h_btd, (p["wq"], p["wk"], p["wv"]), tuple(adapter(name) for name in ("wq", "wk", "wv")))
     if "bq" in p:
         q, k, v = q + _lead(p["bq"], 4), k + _lead(p["bk"], 4), v + _lead(p["bv"], 4)
     if "q_norm" in p:
@@ -428,16 +463,20 @@ def _block(config: DecoderConfig, p: dict[str, jax.Array], x_btd: jax.Array, cos
     # apart, XLA:CPU chose to contract them in (e, h) order and re-transposed wo on every
     # decode step inside the sampler's loop. The q/k/v projections' input gradients had the
     # same problem in the update (a transposed copy of dq and of wq per layer and micro-batch).
-    out_btd = kept_inputs(lambda a, w: mm("btf,fd->btd", a.reshape(*a.shape[:2], -1), w.reshape(-1, w.shape[-1])))(
-        attn_bthe, p["wo"])
+    out_btd = kept_inputs(lambda a, w, lora: mm("btf,fd->btd", a.reshape(*a.shape[:2], -1), w.reshape(-1, w.shape[-1]),
+                                                lora=lora))(attn_bthe, p["wo"], adapter("wo"))
     if "bo" in p:
         out_btd = out_btd + _lead(p["bo"], 3)
     x_btd = x_btd + out_btd
     h_btd = norm(x_btd, p["mlp_norm"])
-    gate = mm("btd,df->btf", h_btd, p["w_gate"], "xy")
-    up = mm("btd,df->btf", h_btd, p["w_up"], "xy")
-    down = swiglu_down(gate, up, p["w_down"], compute).astype(x_btd.dtype)
-    return x_btd + down, aux
+    gate = mm("btd,df->btf", h_btd, p["w_gate"], "xy", adapter("w_gate"))
+    up = mm("btd,df->btf", h_btd, p["w_up"], "xy", adapter("w_up"))
+    down_lora = adapter("w_down")
+    if down_lora is None:
+        down = swiglu_down(gate, up, p["w_down"], compute)
+    else:
+        down = swiglu_down_lora(gate, up, p["w_down"], *down_lora, compute, lora_scale)
+    return x_btd + down.astype(x_btd.dtype), aux
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -472,6 +511,39 @@ def _swiglu_down_bwd(dtype, residuals, g):
 
 
 swiglu_down.defvjp(_swiglu_down_fwd, _swiglu_down_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def swiglu_down_lora(gate: jax.Array, up: jax.Array, w_down: jax.Array, lora_a: jax.Array, lora_b: jax.Array,
+                     dtype: Any, scale: float) -> jax.Array:
+    """`swiglu_down` with a low-rank adapter on w_down: p·w_down + scale·(p·A)·B for
+    p = silu(gate) ⊙ up, float32 out; the backward pass keeps what `swiglu_down`'s keeps plus
+    A, B and the [B, T, r] product p·A. A [F, r], B [r, D]."""
+    return _swiglu_down_lora_fwd(gate, up, w_down, lora_a, lora_b, dtype, scale)[0]
+
+
+def _swiglu_down_lora_fwd(gate, up, w_down, lora_a, lora_b, dtype, scale):
+    out, (gate, up, product, w_down) = _swiglu_down_fwd(gate, up, w_down, dtype)
+    pa = mixed_einsum("btf,fr->btr", product, lora_a, dtype=dtype)
+    out = out + scale * mixed_einsum("btr,rd->btd", pa, lora_b, dtype=dtype)
+    return out, (gate, up, product, w_down, lora_a, lora_b, pa)
+
+
+def _swiglu_down_lora_bwd(dtype, scale, residuals, g):
+    gate, up, product, w_down, lora_a, lora_b, pa = residuals
+    # Unused outputs (the frozen w_down's gradient, say) are dropped by XLA.
+    _, dot_vjp = jax.vjp(lambda x, w: mixed_einsum("btf,fd->btd", x, w, dtype=dtype), product, w_down)
+    d_product, d_w_down = dot_vjp(g)
+    _, b_vjp = jax.vjp(lambda x, b: scale * mixed_einsum("btr,rd->btd", x, b, dtype=dtype), pa, lora_b)
+    d_pa, d_b = b_vjp(g)
+    _, a_vjp = jax.vjp(lambda x, a: mixed_einsum("btf,fr->btr", x, a, dtype=dtype), product, lora_a)
+    d_product_lora, d_a = a_vjp(d_pa)
+    _, product_vjp = jax.vjp(lambda a, b: jax.nn.silu(a) * b, gate, up)
+    d_gate, d_up = product_vjp(d_product + d_product_lora)
+    return d_gate, d_up, d_w_down, d_a, d_b
+
+
+swiglu_down_lora.defvjp(_swiglu_down_lora_fwd, _swiglu_down_lora_bwd)
 
 
 def kept_inputs(fn):
@@ -560,7 +632,7 @@ class Decoder(nnx.Module):
                     keys = jnp.concatenate([prefix_k.astype(k.dtype), k], axis=1)
                     values = jnp.concatenate([prefix_v.astype(v.dtype), v], axis=1)
                     return keys, values, allowed_bts, None
-            return _block(self.config, p, x_btd, cos, sin, kv_fn)
+            return _block(self.config, p, x_btd, cos, sin, kv_fn, lora_scale=self.layers.lora_scale)
 
         if self.remat:
             body = kept_inputs(body)
@@ -578,7 +650,8 @@ class Decoder(nnx.Module):
         allowed_bss = jnp.tril(jnp.ones((s, s), dtype=bool))[None] & mask_bs[:, None, :]
 
         def body(x_bsd, p):
-            return _block(self.config, p, x_bsd, cos, sin, lambda k, v: (k, v, allowed_bss, (k, v)))
+            return _block(self.config, p, x_bsd, cos, sin, lambda k, v: (k, v, allowed_bss, (k, v)),
+                          lora_scale=self.layers.lora_scale)
 
         if self.remat:
             body = kept_inputs(body)
@@ -670,7 +743,8 @@ class Decoder(nnx.Module):
                 # Returned in the cache dtype: the attention dots cast to the compute dtype.
                 return keys, values, allowed_btm, (keys, values)
 
-            x_btd, (keys, values) = _block(self.config, p, x_btd, cos, sin, kv_fn, attend_cache)
+            x_btd, (keys, values) = _block(self.config, p, x_btd, cos, sin, kv_fn, attend_cache,
+                                           lora_scale=self.layers.lora_scale)
             new_keys.append(keys)
             new_values.append(values)
         if last_only:
@@ -724,10 +798,6 @@ def set_compute_dtype(model: Decoder, compute_dtype: str | None) -> Decoder:
     return model
 
 
-MATMUL_WEIGHT_NAMES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
-"""Stacked block matrices (the bulk of the parameters): only ever read as matmul operands."""
-
-
 class ComputeCopy(nnx.Variable):
     """A compute-dtype copy of a parameter made for inference (`cast_matmul_weights`); not trained."""
 
@@ -737,10 +807,10 @@ def cast_matmul_weights(model: Decoder) -> Decoder:
 
     For inference under mixed precision (the sampler calls it on its merged copy inside
     jit): every decode step would otherwise re-read the float32 master matrices and convert
-    them to bf16 again. Cast: the stacked block matrices and an untied `lm_head`. A tied
-    embedding is also the float32 lookup table of the residual stream, so it stays as it is
-    and the LM head gets a separate [D, V] copy in the compute dtype
-    (`model.unembed_compute`, used by `Decoder.logits`). That copy is materialised in the
+    them to bf16 again. Cast: the stacked block matrices, their LoRA adapters (if any) and
+    an untied `lm_head`. A tied embedding is also the float32 lookup table of the residual
+    stream, so it stays as it is and the LM head gets a separate [D, V] copy in the compute
+    dtype (`model.unembed_compute`, used by `Decoder.logits`). That copy is materialised in the
     [D, V] layout on purpose: reading the [V, D] table transposed inside the dot gives a
     bf16 dot whose rhs contracts its last dimension, which XLA:CPU does not run on its bf16
     (YNNPACK) path; it upcast the table to float32 once and ran every decode step's
@@ -752,8 +822,8 @@ def cast_matmul_weights(model: Decoder) -> Decoder:
     would be bf16.
     """
     dtype = jnp.dtype(model.config.matmul_dtype)
-    for name in MATMUL_WEIGHT_NAMES:
-        param = getattr(model.layers, name)
+    for name in MATMUL_WEIGHT_NAMES + LORA_PARAM_NAMES:
+        param = getattr(model.layers, name, None)
         if param is not None and param[...].dtype != dtype:
             param.set_value(param[...].astype(dtype))
     if model.lm_head is not None:

@@ -22,6 +22,7 @@ from jaxrl_vr import parallel
 from jaxrl_vr.host_memory import release_free_heap
 from jaxrl_vr.models.config import SUPPORTED_MODEL_TYPES, DecoderConfig
 from jaxrl_vr.models.decoder import Decoder
+from jaxrl_vr.models.lora import has_lora, merge_lora
 
 _SAFETENSORS = "model.safetensors"
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -131,8 +132,15 @@ def from_hf_state_dict(config: DecoderConfig, tensors: Mapping[str, Any], *, dty
     return model
 
 
+def _plain(model: Decoder) -> Decoder:
+    """`model` itself, or with LoRA adapters merged into float32 weights (`merge_lora`)."""
+    return merge_lora(model, param_dtype="float32") if has_lora(model) else model
+
+
 def to_hf_state_dict(model: Decoder) -> dict[str, np.ndarray]:
-    """HF-named numpy tensors (parameter dtype; bf16 as ml_dtypes.bfloat16) of a Decoder."""
+    """HF-named numpy tensors (parameter dtype; bf16 as ml_dtypes.bfloat16) of a Decoder; a
+    model with LoRA adapters is merged first, into float32 weights."""
+    model = _plain(model)
     c = model.config
     out = {"model.embed_tokens.weight": model.embed[...], "model.norm.weight": model.final_norm[...]}
     if model.lm_head is not None:
@@ -201,9 +209,12 @@ def from_pretrained(path: str, *, dtype: str = "float32", mesh: Any = None, rema
 
 
 def save_pretrained(model: Decoder, path: str) -> None:
-    """Writes config.json + model.safetensors that transformers (torch) loads back as-is."""
+    """Writes config.json + model.safetensors that transformers (torch) loads back as-is.
+
+    A model with LoRA adapters is written merged (W + (alpha / r)·A·B), in float32."""
     from safetensors.flax import save_file  # Handles bfloat16 (ml_dtypes) arrays.
 
+    model = _plain(model)
     os.makedirs(path, exist_ok=True)
     hf_config = model.config.to_hf()
     hf_config.save_pretrained(path)

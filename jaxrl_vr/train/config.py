@@ -4,6 +4,7 @@
       seed
       task   TaskConfig         where prompts and answers come from
       model  ModelConfig        the policy's source, precision and prompt format
+        lora             LoRAConfig: low-rank adapters (rank 0 = off)
       sft    SFTConfig          the builtin model's supervised warm start
       rl     RLConfig           sampling, schedule and these sections:
         estimator        a choice of ``jaxrl_vr.estimators.ESTIMATORS`` with its settings
@@ -37,6 +38,7 @@ from jaxrl_vr.config_tree import Choice, ConfigError
 from jaxrl_vr.envs.library import ENVIRONMENTS
 from jaxrl_vr.envs.signals import StepCreditSettings
 from jaxrl_vr.envs.tools import TOOLS
+from jaxrl_vr.models.lora import LORA_TARGETS
 from jaxrl_vr.estimators import ESTIMATORS, needs_groups
 from jaxrl_vr.registry import closest, did_you_mean
 from jaxrl_vr.selection.strategies import BATCH_STRATEGIES, batch_group_size
@@ -50,7 +52,7 @@ from jaxrl_vr.train.step import LossConfig
 from jaxrl_vr.train.workdir import config_of
 from jaxrl_vr.verifiers.hacks import DETECTORS, EPISODE_DETECTORS
 
-__all__ = ["BudgetConfig", "ConfigError", "EstimatorChoice", "EvalConfig", "ModelConfig",
+__all__ = ["BudgetConfig", "ConfigError", "EstimatorChoice", "EvalConfig", "LoRAConfig", "ModelConfig",
            "PipelineConfig", "RLConfig", "RewardConfig", "RunConfig", "StrategyChoice",
            "TaskConfig", "VerifierConfig", "moved_key", "upgrade_legacy", "validate"]
 
@@ -307,6 +309,49 @@ class TaskConfig:
                 raise ValueError(f"rg_config is not a JSON object: {err}.") from None
 
 
+LORA_BASE_DTYPES = ("", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRAConfig:
+    """``model.lora``: low-rank adapters on the policy (``jaxrl_vr.models.lora``); with
+    them only the adapters are trained, the base is frozen and is also the reference policy.
+
+    Attributes:
+      rank: r of every adapter; 0 = off (every parameter is trained).
+      alpha: the adapters' term is scaled by alpha / rank; 0 = 2·rank (a scale of 2).
+      targets: the block matrices that get adapters, among wq wk wv wo w_gate w_up w_down
+        (default all seven).
+      base_dtype: "" keeps the frozen base in model.dtype; "bfloat16" stores it in bf16
+        (half its memory; matmuls then run in bf16 unless model.compute_dtype says
+        otherwise). Adapters and their optimizer state stay float32.
+    """
+
+    rank: int = 0
+    alpha: float = 0.0
+    targets: tuple[str, ...] = LORA_TARGETS
+    base_dtype: str = ""
+
+    def __post_init__(self):
+        _need(self.rank >= 0, f"rank must be >= 0 (0 = no adapters), got {self.rank}.")
+        _need(self.alpha >= 0, f"alpha must be >= 0 (0 = 2·rank), got {self.alpha}.")
+        unknown = sorted(set(self.targets) - set(LORA_TARGETS))
+        _need(not unknown, f"targets has unknown names {unknown}"
+              f"{did_you_mean(unknown[0], LORA_TARGETS) if unknown else ''}; choose from {list(LORA_TARGETS)}.")
+        _need(bool(self.targets), f"targets is empty; list block matrices among {list(LORA_TARGETS)} or "
+              "set rank=0 for no adapters.")
+        _need(self.base_dtype in LORA_BASE_DTYPES,
+              f"base_dtype={self.base_dtype!r} is not one of {LORA_BASE_DTYPES} ('' = model.dtype).")
+        _need(not (self.base_dtype and self.rank == 0),
+              f"base_dtype={self.base_dtype!r} stores the frozen base of a LoRA run; set rank >= 1 "
+              "(e.g. model.lora.rank=16) or base_dtype=''.")
+
+    @property
+    def effective_alpha(self) -> float:
+        """alpha, with 0 read as 2·rank."""
+        return self.alpha or 2.0 * self.rank
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """The policy: where it comes from, its precision, its prompt format.
@@ -328,6 +373,7 @@ class ModelConfig:
         the update keeps one layer's inputs instead of every intermediate, for about a
         third more update time. For long prompts and responses on a small machine.
       hidden_size ... head_dim: architecture of the builtin decoder.
+      lora: LoRAConfig (rank 0 = off: full fine-tuning).
     """
 
     source: str = "builtin"
@@ -343,6 +389,7 @@ class ModelConfig:
     num_heads: int = 4
     num_kv_heads: int = 4
     head_dim: int = 24
+    lora: LoRAConfig = LoRAConfig()
 
     def __post_init__(self):
         _need(self.source in MODEL_SOURCES, f"source: {MODEL_SOURCES.unknown(self.source)}")

@@ -18,6 +18,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from jaxrl_vr.estimators import Estimator
 from jaxrl_vr.hooks import Hook
+from jaxrl_vr.models.lora import has_lora, lora_off
 from jaxrl_vr.sampling import generate
 from jaxrl_vr.selection.order import DataOrder
 from jaxrl_vr.selection.strategies import StrategyContext, make_batch_strategy
@@ -71,8 +72,9 @@ def build_parts(cfg: PipelineConfig, model, tokenizer, items: Sequence[Any], wor
       tracker: a PromptTracker over ``items`` (default: a new one).
       hooks: more hooks (``jaxrl_vr.hooks.Hook``), after the methods of the config.
       reference_params: frozen π_ref params (default: the model's own params, which the
-        trainer never changes: it trains a copy). Kept only when the KL term is in the loss
-        or ``rl.log_reference_kl`` is set; otherwise the parts hold no base params.
+        trainer never changes: it trains a copy; with LoRA, its adapters zeroed). Kept only
+        when the KL term is in the loss or ``rl.log_reference_kl`` is set; otherwise the
+        parts hold no base params.
       mesh: a ``jax.sharding.Mesh``: params and optimizer state are sharded over its
         ``fsdp`` (and ``tensor``) axes by ``jaxrl_vr.parallel``'s rules, minibatches over
         ``data`` × ``fsdp``.
@@ -120,8 +122,11 @@ def build_parts(cfg: PipelineConfig, model, tokenizer, items: Sequence[Any], wor
     update = make_update(cfg, graphdef, params, kl_in_loss=kl_in_loss, mesh=mesh)
     needs_reference = kl_in_loss or rl.log_reference_kl
     # Held only when read: without it the caller can free the base model once RL starts.
-    reference_params = ((params if reference_params is None else reference_params)
-                        if needs_reference else None)
+    # With LoRA the params are the adapters and the reference is the base itself: the same
+    # model with its adapters zeroed (no second copy of the base weights).
+    if reference_params is None:
+        reference_params = lora_off(params) if has_lora(model) else params
+    reference_params = reference_params if needs_reference else None
     fns, hyper = update.fns, update.hyper
 
     def logprobs_of(policy_params):

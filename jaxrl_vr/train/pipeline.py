@@ -18,7 +18,7 @@
    (and eval_during.json / .png: pass@k along training; the regime table under shifted
    cutoffs and by p_base bin); evaluate each ``task.eval_paths`` set before and after RL
    (``train.eval_sets``: eval_sets/<stem>/); export the policy with ``save_pretrained``
-   into ``<workdir>/export``.
+   into ``<workdir>/export`` (LoRA adapters merged into float32 weights).
 
 A finished workdir is not redone: re-running prints where its summary is (pass
 ``reevaluate=True`` to evaluate again into a new file).
@@ -114,7 +114,10 @@ def run_pipeline(cfg: PipelineConfig, workdir: str, *, log: Callable[[str], None
     # What the base evaluations depend on: not the evaluations during training, and not remat
     # (it changes no sampled token), so runs from before either key keep their base.
     base_eval_keys = {k: v for k, v in tree["eval"].items() if k not in ("every", "during_samples")}
-    model_key = {k: v for k, v in tree["model"].items() if k != "remat"}
+    # Nor the adapters (zero B: the adapted policy is the base), except a bf16 base.
+    model_key = {k: v for k, v in tree["model"].items() if k not in ("remat", "lora")}
+    if cfg.model.lora.base_dtype:
+        model_key["lora_base_dtype"] = cfg.model.lora.base_dtype
     if model_key.get("compute_dtype") == "auto":  # what it picked on this machine
         model_key["compute_dtype"] = f"auto:{policy.model.config.matmul_dtype}"
     base_key = digest({"base": base_info, "seed": cfg.seed, "eval": base_eval_keys, "model": model_key})

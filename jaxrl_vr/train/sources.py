@@ -31,6 +31,7 @@ from jaxrl_vr import host_cpu, layout
 from jaxrl_vr.models import (Decoder, DecoderConfig, from_gguf, from_pretrained, save_pretrained,
                              set_compute_dtype, smollm2)
 from jaxrl_vr.models.gguf_io import check_gguf_header
+from jaxrl_vr.models.lora import add_lora
 from jaxrl_vr.models.tokenizers import CharTokenizer, HFTokenizer
 from jaxrl_vr.registry import Registry, did_you_mean
 from jaxrl_vr.tasks import arithmetic, tool_arith
@@ -61,6 +62,7 @@ class TaskData(NamedTuple):
 # jsonl / parquet with task.eval_path: a run that trains fails when more than this share of
 # the held-out prompts is also in task.path (unless task.allow_eval_overlap).
 MAX_EVAL_OVERLAP = 0.05
+LORA_KEY_SALT = 43  # the adapters' init key: fold_in(key(seed), LORA_KEY_SALT)
 
 
 def eval_seed(cfg: PipelineConfig) -> int:
@@ -333,7 +335,7 @@ def make_builtin_model(cfg: PipelineConfig, tokenizer):
 def builtin_digest(cfg: PipelineConfig) -> str:
     """What the SFT base depends on (not the RL prompt count)."""
     model = {k: v for k, v in dataclasses.asdict(cfg.model).items()
-             if k not in ("source", "path", "chat", "system_prompt", "compute_dtype", "remat")}
+             if k not in ("source", "path", "chat", "system_prompt", "compute_dtype", "remat", "lora")}
     task = {"name": cfg.task.name, "levels": list(cfg.task.levels), "num_sft_examples": cfg.task.num_sft_examples}
     if cfg.task.name == "tool_arith":
         task["tool_share"] = cfg.task.tool_share
@@ -473,7 +475,8 @@ def check_chat_template(cfg: PipelineConfig, tokenizer) -> None:
 
 
 def load_policy(cfg: PipelineConfig, workdir: str, data: TaskData, *, log=print) -> Policy:
-    """The configured model source's base policy, with the configured compute precision.
+    """The configured model source's base policy, with the configured compute precision and
+    the LoRA adapters of ``model.lora`` (zero-initialised B: the policy is still the base).
 
     Raises ValueError when ``model.chat`` is set and the tokenizer has no chat template.
     """
@@ -485,6 +488,11 @@ def load_policy(cfg: PipelineConfig, workdir: str, data: TaskData, *, log=print)
         set_compute_dtype(policy.model, compute_dtype)
     if cfg.model.remat:  # recompute each layer in the backward pass (activation memory for time)
         policy.model.remat = True
+    lora = cfg.model.lora
+    if lora.rank:  # adapters on the frozen base: only they are trained (jaxrl_vr.models.lora)
+        add_lora(policy.model, rank=lora.rank, alpha=lora.effective_alpha, targets=lora.targets,
+                 key=jax.random.fold_in(jax.random.key(cfg.seed), LORA_KEY_SALT),
+                 base_dtype=lora.base_dtype or None)
     return policy
 
 

@@ -29,6 +29,7 @@ from jaxrl_vr import kl as kl_lib
 from jaxrl_vr import losses
 from jaxrl_vr import ratios
 from jaxrl_vr.models.decoder import default_positions
+from jaxrl_vr.models.lora import has_lora
 
 RATIO_TYPES = ("token", "sequence", "gspo_token")
 AGGREGATIONS = (
@@ -292,8 +293,15 @@ class TrainState(NamedTuple):
 
 
 def split_model(model: nnx.Module):
-    """(graphdef, params, rest): trainable nnx.Param state and all other state."""
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    """(graphdef, params, rest): the trainable state and all other state.
+
+    Trainable: every nnx.Param, or only the LoRA adapters (nnx.LoRAParam) when the model has
+    any (``jaxrl_vr.models.lora``). The base weights then sit in ``rest``: never
+    differentiated (no weight gradient is formed for them), no optimizer state, not in the
+    train state's checkpoints.
+    """
+    trainable = nnx.LoRAParam if has_lora(model) else nnx.Param
+    graphdef, params, rest = nnx.split(model, trainable, ...)
     return graphdef, params, rest
 
 

@@ -94,3 +94,23 @@ def test_model_remat_reaches_the_loaded_policy(exported, tmp_path, remat):
     cfg = PipelineConfig.from_dict(tree)
     policy = load_policy(cfg, str(tmp_path), load_task(cfg), log=lambda line: None)
     assert policy.model.remat is remat
+
+
+@pytest.mark.parametrize("base_dtype", ["", "bfloat16"])
+def test_model_lora_reaches_the_loaded_policy(exported, tmp_path, base_dtype):
+    """``model.lora`` adds its adapters (rank, alpha / rank, targets) to the loaded model, and
+    ``base_dtype`` stores the frozen base in bf16."""
+    import jax
+    from flax import nnx
+
+    from jaxrl_vr.models.lora import lora_targets
+    from jaxrl_vr.train.sources import load_policy
+
+    lora = {"rank": 3, "alpha": 12.0, "targets": ["wq", "w_down"], "base_dtype": base_dtype}
+    tree = _smoke_tree(model={"source": "hf", "path": exported, "lora": lora})
+    cfg = PipelineConfig.from_dict(tree)
+    model = load_policy(cfg, str(tmp_path), load_task(cfg), log=lambda line: None).model
+    assert lora_targets(model) == ("wq", "w_down") and model.layers.lora_scale == 4.0
+    assert model.layers.wq_lora_a[...].shape[-1] == 3
+    base_dtypes = {str(x.dtype) for x in jax.tree.leaves(nnx.state(model, nnx.Not(nnx.LoRAParam)))}
+    assert base_dtypes == {base_dtype or "float32"}
