@@ -3,6 +3,7 @@ run resumed mid-way equals one that ran straight."""
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -51,6 +52,7 @@ def test_tool_arith_runs_dumps_episodes_and_resumes_exactly(tmp_path):
             assert {"name", "output"} <= set(call)
 
     resumed = str(tmp_path / "resumed")
+    shutil.copytree(os.path.join(straight, "base"), os.path.join(resumed, "base"))  # the same SFT base, not trained again
     run_pipeline(config(1), resumed, log=lambda *_: None)
     run_pipeline(config(2), resumed, log=lambda *_: None)
     again = read_jsonl(os.path.join(resumed, "metrics.jsonl"))
