@@ -21,6 +21,10 @@ sequence); ``update_executed_fraction_of_matmul_peak`` counts what the update ra
     python benchmarks/rl_step.py --model-dir $PEERS_ROOT/models/smollm2-135m \\
         --prompts-file prompts.jsonl --warmup 1 --steps 2 --json out.json [--precision bf16]
 
+``--allow-eos`` lets each response stop at the tokenizer's EOS (bench_trl.py ``--allow-eos``:
+same prompts and reward; ragged lengths): the JSON then reports the mean and max response
+length, and ``gen_tokens_per_s`` counts only real tokens (each response up to its EOS).
+
 ``--precision bf16`` is the mixed-precision policy: float32 master weights and optimizer
 state, bf16 matmul operands with float32 accumulation (``set_compute_dtype(model,
 "bfloat16")``). Reported (JSON): median step / rollout / update seconds over the timed steps,
@@ -195,6 +199,9 @@ def main(argv=None) -> dict:
     parser.add_argument("-G", "--gens", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--max-prompt-tokens", type=int, default=32)
+    parser.add_argument("--allow-eos", action="store_true",
+                        help="stop each response at the tokenizer's EOS (ragged lengths, bench_trl.py "
+                             "--allow-eos) instead of always generating --max-new-tokens tokens")
     parser.add_argument("--microbatches", type=int, default=8, help="gradient accumulation (one AdamW step)")
     parser.add_argument("--chunk", type=int, default=0,
                         help="LM-head log-softmax time chunk; 0 = one chunk of the whole response, which "
@@ -240,7 +247,8 @@ def main(argv=None) -> dict:
     estimator = make_estimator("grpo")
     sampling = SamplingConfig(temperature=1.0)
     hyper = StepHyper.create()
-    runner = single_turn_runner(tokenizer, args.max_new_tokens, eos_ids=())  # EOS suppressed
+    runner = single_turn_runner(tokenizer, args.max_new_tokens,
+                                eos_ids=None if args.allow_eos else ())  # None: the tokenizer's EOS
     key = jax.random.key(0)
     records = []
     for step in range(args.warmup + args.steps):
@@ -267,7 +275,9 @@ def main(argv=None) -> dict:
         records.append({"step_s": t2 - t0, "rollout_s": t1 - t0, "update_s": t2 - t1, "loss": loss,
                         "update_minor_faults": faults_after - faults_before,
                         "update_kernel_s": sys_after - sys_before,
-                        "gen_tokens": int(traj.length_b.sum()),
+                        "gen_tokens": int(traj.length_b.sum()),  # real tokens only (to EOS)
+                        "mean_response_len": float(traj.length_b.mean()),
+                        "max_response_len": int(traj.length_b.max()),
                         "prompt_tokens": int(prompt_ps.shape[1]), "load_1m": load_average(),
                         "phase": "warmup" if step < args.warmup else "timed"})
         print(f"step {step}: " + json.dumps({k: round(v, 3) if isinstance(v, float) else v
@@ -292,6 +302,9 @@ def main(argv=None) -> dict:
         "microbatches": args.microbatches, "logprob_chunk": chunk, "remat": args.remat,
         "prompt_group_size": group,
         "prompts_sha": prompts_sha,
+        "allow_eos": args.allow_eos,
+        "mean_response_len": statistics.mean(r["mean_response_len"] for r in timed),
+        "max_response_len": max(r["max_response_len"] for r in timed),
         "median_step_s": median("step_s"),
         "median_rollout_s": median("rollout_s"),
         "median_update_s": update_s,
