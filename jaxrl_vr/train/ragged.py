@@ -49,8 +49,9 @@ def trimmed_width(mask_bt, *, multiple: int = TRIM_MULTIPLE) -> int:
 
 def width_is_read(cfg: LossConfig) -> bool:
     """True when the loss reads the response axis' width: Dr.GRPO (`seq_mean_token_sum_norm`,
-    policy or KL term) without ``max_len``, which then divides by T."""
-    return cfg.max_len is None and "seq_mean_token_sum_norm" in (cfg.aggregation, cfg.kl_aggregation)
+    policy or KL term) without ``max_len``, which then divides by T
+    (``LossConfig.reads_response_width``)."""
+    return cfg.reads_response_width
 
 
 def trim_response(batch: RolloutBatch, *, multiple: int = TRIM_MULTIPLE) -> RolloutBatch:

@@ -148,3 +148,79 @@ def test_update_fns_trim_the_batch_with_shared_prefixes_and_compile_once_per_buc
     np.testing.assert_allclose(np.where(mask, logp, 0), np.where(mask, logp_full, 0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.where(mask, ent, 0), np.where(mask, ent_full, 0), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(np.asarray(logp)[:, 64:], 0.0)
+
+
+def long_ragged_batch(seed=3, lengths=(0, 3, 10, 20, 40, 70, 100, 150)):
+    """8 rows over 150 columns: one empty response, mostly short ones, a few long."""
+    batch = lib.random_batch(seed, resp_len=150)
+    mask = np.arange(150)[None] < np.asarray(lengths)[np.random.default_rng(seed).permutation(8)][:, None]
+    return batch._replace(mask_bt=jnp.asarray(mask), loss_mask_bt=jnp.asarray(mask))
+
+
+def test_microbatch_widths_and_buckets_hand_computed():
+    cfg = step_lib.LossConfig(num_microbatches=4)
+    assert step_lib.microbatch_widths(150, cfg) == (64, 128, 150)
+    assert step_lib.microbatch_widths(512, cfg) == (64, 128, 256, 512)
+    assert step_lib.microbatch_widths(64, cfg) == ()  # short buffers: the strided full-width split
+    assert step_lib.microbatch_widths(512, step_lib.LossConfig()) == ()  # one micro-batch
+    assert step_lib.microbatch_widths(512, step_lib.LossConfig(num_microbatches=4,
+                                                               aggregation="seq_mean_token_sum_norm")) == ()
+    batch = long_ragged_batch()
+    index_b = jnp.arange(8, dtype=jnp.int32)
+    mbs, index_m, bucket_m = step_lib._length_sorted_microbatches(batch, index_b, 4, (64, 128, 150))
+    # Sorted lengths (0, 3), (10, 20), (40, 70), (100, 150) -> widths 64, 64, 128, 150.
+    np.testing.assert_array_equal(bucket_m, [0, 0, 1, 2])
+    np.testing.assert_array_equal(np.asarray(mbs.mask_bt).sum(-1), [[0, 3], [10, 20], [40, 70], [100, 150]])
+    np.testing.assert_array_equal(np.asarray(mbs.tokens_bt).reshape(8, -1),
+                                  np.asarray(batch.tokens_bt)[np.asarray(index_m).reshape(-1)])
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATION_MODES)
+def test_length_bucketed_microbatches_equal_the_full_batch(aggregation):
+    """4 length-sorted micro-batches at widths 64/64/128/150 give the loss and gradient of one
+    full-width micro-batch, in every aggregation mode (the jitted step)."""
+    graphdef, params, rest = step_lib.split_model(lib.CausalBagModel())
+    params = jax.tree.map(lambda p: p * 1.5, params)
+    batch = long_ragged_batch()
+    hyper = step_lib.StepHyper.create(kl_beta=0.2, entropy_coef=0.05, eps_low=0.1, eps_high=0.1)
+    results = []
+    for num in (1, 4):
+        cfg = step_lib.LossConfig(aggregation=aggregation, kl_aggregation=aggregation, kl_beta=1.0,
+                                  entropy="bonus", num_microbatches=num,
+                                  ratio="sequence" if aggregation == "seq_mean" else "token",
+                                  max_len=160 if aggregation == "seq_mean_token_sum_norm" else None)
+        results.append(step_lib.make_eval_loss(graphdef, cfg)(params, rest, batch, hyper, ()))
+    (loss1, grads1), (loss4, grads4) = results
+    assert abs(float(loss1)) > 1e-4
+    np.testing.assert_allclose(float(loss4), float(loss1), rtol=1e-5, atol=1e-7)
+    chex.assert_trees_all_close(grads4, grads1, rtol=1e-4, atol=1e-6)
+
+
+def test_length_bucketed_train_step_with_shared_prefixes_equals_the_strided_one():
+    """The decoder with shared prompt prefixes (rows of one prompt land in different
+    micro-batches): same update and metrics as one full-width micro-batch; the compiled step
+    holds one branch per width, and a batch of other lengths reuses it."""
+    model = Decoder(DecoderConfig.tiny(13, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
+                                       num_kv_heads=1, head_dim=8, bos_token_id=1, eos_token_id=2,
+                                       pad_token_id=0), rngs=nnx.Rngs(0))
+    graphdef, params, rest = step_lib.split_model(model)
+    optimizer = make_optimizer(OptimConfig(learning_rate=1e-2))
+    base = grouped_decoder_batch(5, resp_len=6)
+    batch = padded(base, extra=94)  # 100 columns: widths 64 and 100
+    lengths = np.array([0, 2, 5, 9, 30, 70, 99, 100])
+    mask = jnp.asarray(np.arange(100)[None] < lengths[:, None])
+    batch = batch._replace(mask_bt=mask, loss_mask_bt=mask)
+    hyper = step_lib.StepHyper.create(kl_beta=0.1)
+    outs = []
+    for num in (1, 4):
+        cfg = step_lib.LossConfig(num_microbatches=num, kl_beta=0.5, prompt_group_size=4)
+        step = step_lib.make_train_step(graphdef, rest, optimizer, cfg)
+        state = step_lib.init_train_state(jax.tree.map(jnp.copy, params), optimizer, cfg)
+        outs.append((step, *step(state, batch, hyper)))
+    (_, state1, metrics1), (step4, state4, metrics4) = outs
+    chex.assert_trees_all_close(state4.params, state1.params, rtol=1e-5, atol=1e-5 * 1e-2)
+    for name in ("loss", "entropy", "grad_norm", "trained_tokens", "ratio_max", "kl"):
+        np.testing.assert_allclose(float(metrics4[name]), float(metrics1[name]), rtol=1e-4, atol=1e-7)
+    shuffled = batch._replace(mask_bt=mask[::-1], loss_mask_bt=mask[::-1])
+    step4(state4, shuffled, hyper)
+    assert step4.jitted._cache_size() == 1
