@@ -77,6 +77,7 @@ from jaxrl_vr.tasks.base import TaskItem  # noqa: E402
 from jaxrl_vr.train.rollout import (RewardShaper, RoundSampler, SamplingConfig, Scores,  # noqa: E402
                                     single_turn_runner)
 from jaxrl_vr.trajectory import RolloutStats  # noqa: E402
+from jaxrl_vr.sampling import compact as compact_lib  # noqa: E402
 
 PRECISIONS = {"fp32": None, "bf16": "bfloat16"}
 OPTIM = OptimConfig(learning_rate=1e-6, weight_decay=0.0, grad_clip_norm=1.0)  # TRL's AdamW step
@@ -162,6 +163,17 @@ def digit_scorer(tokenizer):
         return Scores(np.asarray(reward_digits(list(completions)), np.float32), None, RolloutStats())
 
     return score
+
+
+def decode_row_steps(length_b) -> int:
+    """Rows × decode steps the rollout ran: each compacted chunk's rows times its steps
+    (`compact.LAST_CHUNKS`), or every row for the longest response's steps without compaction."""
+    chunks, total, step = compact_lib.LAST_CHUNKS, 0, 0
+    if not chunks:
+        return int(len(length_b) * max(length_b))
+    for rows, _, reached in chunks:
+        total, step = total + rows * (reached - step), reached
+    return total + chunks[-1][0]  # the last emit
 
 
 def encode(tokenizer, texts, max_prompt_tokens: int):
@@ -278,6 +290,7 @@ def main(argv=None) -> dict:
                         "gen_tokens": int(traj.length_b.sum()),  # real tokens only (to EOS)
                         "mean_response_len": float(traj.length_b.mean()),
                         "max_response_len": int(traj.length_b.max()),
+                        "decode_row_steps": decode_row_steps(traj.length_b),
                         "prompt_tokens": int(prompt_ps.shape[1]), "load_1m": load_average(),
                         "phase": "warmup" if step < args.warmup else "timed"})
         print(f"step {step}: " + json.dumps({k: round(v, 3) if isinstance(v, float) else v
