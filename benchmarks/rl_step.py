@@ -23,7 +23,9 @@ sequence); ``update_executed_fraction_of_matmul_peak`` counts what the update ra
 
 ``--allow-eos`` lets each response stop at the tokenizer's EOS (bench_trl.py ``--allow-eos``:
 same prompts and reward; ragged lengths): the JSON then reports the mean and max response
-length, and ``gen_tokens_per_s`` counts only real tokens (each response up to its EOS).
+length, and ``gen_tokens_per_s`` counts only real tokens (each response up to its EOS); each
+step's ``decode_row_steps`` is the rows × decode steps the rollout ran (with `generate`'s
+compaction, live rows only; without, every row until the longest stops).
 
 ``--precision bf16`` is the mixed-precision policy: float32 master weights and optimizer
 state, bf16 matmul operands with float32 accumulation (``set_compute_dtype(model,

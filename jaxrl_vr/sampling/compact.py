@@ -208,9 +208,10 @@ def generate_compact(graphdef, state, key, tokens_ps, mask_ps, max_new_tokens, t
     segment, width, step = 0, batch, 0
     LAST_CHUNKS.clear()
     while True:
-        live = _decode_chunk(cast_graphdef, cast_state, layer_params, key, live, np.int32(min(step + compact_every, ends[segment])),
-                             max_new_tokens, temperature, top_p, top_k, stop_ids_n, pad_id, num_rows=batch,
-                             greedy=greedy, use_filter=use_filter)
+        stop_step = np.int32(min(step + compact_every, ends[segment]))
+        live = _decode_chunk(cast_graphdef, cast_state, layer_params, key, live, stop_step, max_new_tokens,
+                             temperature, top_p, top_k, stop_ids_n, pad_id, num_rows=batch, greedy=greedy,
+                             use_filter=use_filter)
         step, done_n = int(live.step), np.asarray(live.done_n)
         LAST_CHUNKS.append((width, int(live.cache.valid_bm.shape[1]), step))
         if step + 1 >= int(max_new_tokens) or done_n.all():
