@@ -21,6 +21,12 @@ sequence); ``update_executed_fraction_of_matmul_peak`` counts what the update ra
     python benchmarks/rl_step.py --model-dir $PEERS_ROOT/models/smollm2-135m \\
         --prompts-file prompts.jsonl --warmup 1 --steps 2 --json out.json [--precision bf16]
 
+``--allow-eos`` lets each response stop at the tokenizer's EOS (bench_trl.py ``--allow-eos``:
+same prompts and reward; ragged lengths): the JSON then reports the mean and max response
+length, and ``gen_tokens_per_s`` counts only real tokens (each response up to its EOS); each
+step's ``decode_row_steps`` is the rows × decode steps the rollout ran (with `generate`'s
+compaction, live rows only; without, every row until the longest stops).
+
 ``--precision bf16`` is the mixed-precision policy: float32 master weights and optimizer
 state, bf16 matmul operands with float32 accumulation (``set_compute_dtype(model,
 "bfloat16")``). Reported (JSON): median step / rollout / update seconds over the timed steps,
@@ -77,6 +83,7 @@ from jaxrl_vr.tasks.base import TaskItem  # noqa: E402
 from jaxrl_vr.train.rollout import (RewardShaper, RoundSampler, SamplingConfig, Scores,  # noqa: E402
                                     single_turn_runner)
 from jaxrl_vr.trajectory import RolloutStats  # noqa: E402
+from jaxrl_vr.sampling import compact as compact_lib  # noqa: E402
 
 PRECISIONS = {"fp32": None, "bf16": "bfloat16"}
 OPTIM = OptimConfig(learning_rate=1e-6, weight_decay=0.0, grad_clip_norm=1.0)  # TRL's AdamW step
@@ -164,6 +171,17 @@ def digit_scorer(tokenizer):
     return score
 
 
+def decode_row_steps(length_b) -> int:
+    """Rows × decode steps the rollout ran: each compacted chunk's rows times its steps
+    (`compact.LAST_CHUNKS`), or every row for the longest response's steps without compaction."""
+    chunks, total, step = compact_lib.LAST_CHUNKS, 0, 0
+    if not chunks:
+        return int(len(length_b) * max(length_b))
+    for rows, _, reached in chunks:
+        total, step = total + rows * (reached - step), reached
+    return total + chunks[-1][0]  # the last emit
+
+
 def encode(tokenizer, texts, max_prompt_tokens: int):
     """Left-padded [P, S] ids and mask, special tokens as the HF tokenizer adds them by default."""
     add_bos = bool(getattr(tokenizer, "add_bos_default", False))
@@ -199,6 +217,9 @@ def main(argv=None) -> dict:
     parser.add_argument("-G", "--gens", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--max-prompt-tokens", type=int, default=32)
+    parser.add_argument("--allow-eos", action="store_true",
+                        help="stop each response at the tokenizer's EOS (ragged lengths, bench_trl.py "
+                             "--allow-eos) instead of always generating --max-new-tokens tokens")
     parser.add_argument("--microbatches", type=int, default=8, help="gradient accumulation (one AdamW step)")
     parser.add_argument("--chunk", type=int, default=0,
                         help="LM-head log-softmax time chunk; 0 = one chunk of the whole response, which "
@@ -250,7 +271,8 @@ def main(argv=None) -> dict:
     estimator = make_estimator("grpo")
     sampling = SamplingConfig(temperature=1.0)
     hyper = StepHyper.create()
-    runner = single_turn_runner(tokenizer, args.max_new_tokens, eos_ids=())  # EOS suppressed
+    runner = single_turn_runner(tokenizer, args.max_new_tokens,
+                                eos_ids=None if args.allow_eos else ())  # None: the tokenizer's EOS
     key = jax.random.key(0)
     records = []
     for step in range(args.warmup + args.steps):
@@ -277,7 +299,10 @@ def main(argv=None) -> dict:
         records.append({"step_s": t2 - t0, "rollout_s": t1 - t0, "update_s": t2 - t1, "loss": loss,
                         "update_minor_faults": faults_after - faults_before,
                         "update_kernel_s": sys_after - sys_before,
-                        "gen_tokens": int(traj.length_b.sum()),
+                        "gen_tokens": int(traj.length_b.sum()),  # real tokens only (to EOS)
+                        "mean_response_len": float(traj.length_b.mean()),
+                        "max_response_len": int(traj.length_b.max()),
+                        "decode_row_steps": decode_row_steps(traj.length_b),
                         "prompt_tokens": int(prompt_ps.shape[1]), "load_1m": load_average(),
                         "phase": "warmup" if step < args.warmup else "timed"})
         print(f"step {step}: " + json.dumps({k: round(v, 3) if isinstance(v, float) else v
@@ -303,6 +328,9 @@ def main(argv=None) -> dict:
         "lora_rank": args.lora_rank, "lora_alpha": lora_alpha if args.lora_rank else 0.0,
         "prompt_group_size": group,
         "prompts_sha": prompts_sha,
+        "allow_eos": args.allow_eos,
+        "mean_response_len": statistics.mean(r["mean_response_len"] for r in timed),
+        "max_response_len": max(r["max_response_len"] for r in timed),
         "median_step_s": median("step_s"),
         "median_rollout_s": median("rollout_s"),
         "median_update_s": update_s,

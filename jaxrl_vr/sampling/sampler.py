@@ -134,11 +134,22 @@ def categorical_inverse_cdf(key: jax.Array, logits_bv: jax.Array) -> jax.Array:
     return _inverse_cdf_draw(key, logits_bv)[0]
 
 
-def _inverse_cdf_draw(key: jax.Array, logits_bv: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def row_uniforms(key: jax.Array, row_b: jax.Array, num_rows: int) -> jax.Array:
+    """float32 [B] uniforms of rows `row_b` out of a batch of `num_rows`: entry b is the
+    row_b[b]-th of ``jax.random.uniform(key, (num_rows,))``, the uniform the full batch's draw
+    gives that row, so a row's draw does not depend on which other rows are decoded with it
+    (`jaxrl_vr.sampling.compact`). Indices outside [0, num_rows) are clipped."""
+    return jnp.take(jax.random.uniform(key, (num_rows,), jnp.float32), row_b, mode="clip")
+
+
+def _inverse_cdf_draw(key: jax.Array, logits_bv: jax.Array,
+                      uniform_b: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """`categorical_inverse_cdf` with the draw's normaliser terms.
 
-    Returns (int32 [B] token ids, float32 [B] max z, float32 [B] mass Σ_v exp(z_v − max z)),
-    so that logsumexp(z) = max z + log mass costs no second pass (`sample_token_and_logprob`).
+    `uniform_b` (float32 [B] in [0, 1), e.g. `row_uniforms`) replaces the key's own
+    ``uniform(key, (B,))``. Returns (int32 [B] token ids, float32 [B] max z, float32 [B]
+    mass Σ_v exp(z_v − max z)), so that logsumexp(z) = max z + log mass costs no second pass
+    (`sample_token_and_logprob`).
     """
     batch, vocab = logits_bv.shape
     logits_bv = logits_bv.astype(jnp.float32)
@@ -149,7 +160,9 @@ def _inverse_cdf_draw(key: jax.Array, logits_bv: jax.Array) -> tuple[jax.Array, 
     probs_bnk = jnp.pad(probs_bv, ((0, 0), (0, pad))).reshape(batch, num_blocks, CDF_BLOCK)
     mass_bn = jnp.sum(probs_bnk, axis=-1)  # Block masses; the cumulative sum runs in one block only.
     cum_bn = jnp.cumsum(mass_bn, axis=-1)
-    u_b = jax.random.uniform(key, (batch,), jnp.float32) * cum_bn[:, -1]
+    if uniform_b is None:
+        uniform_b = jax.random.uniform(key, (batch,), jnp.float32)
+    u_b = uniform_b * cum_bn[:, -1]
     block_index_n = jnp.arange(num_blocks, dtype=jnp.int32)[None, :]
     last_block_b = jnp.max(jnp.where(mass_bn > 0, block_index_n, 0), axis=-1)
     block_b = jnp.minimum(jnp.sum(cum_bn <= u_b[:, None], axis=-1, dtype=jnp.int32), last_block_b)
@@ -165,19 +178,20 @@ def _inverse_cdf_draw(key: jax.Array, logits_bv: jax.Array) -> tuple[jax.Array, 
 
 
 def sample_token(key: jax.Array, logits_bv: jax.Array, *, temperature: jax.Array, top_k: jax.Array,
-                 top_p: jax.Array, greedy: bool, use_filter: bool) -> jax.Array:
-    """One token per row: argmax when `greedy`, else a categorical draw over filtered logits / T."""
+                 top_p: jax.Array, greedy: bool, use_filter: bool, uniform_b: jax.Array | None = None) -> jax.Array:
+    """One token per row: argmax when `greedy`, else a categorical draw over filtered logits / T
+    (with `uniform_b` [B], e.g. `row_uniforms`, as the draw's uniforms instead of the key's)."""
     if greedy:
         return argmax_last(logits_bv)
     scaled_bv = logits_bv / temperature
     if use_filter:
         scaled_bv = filter_logits(scaled_bv, top_k=top_k, top_p=top_p)
-    return categorical_inverse_cdf(key, scaled_bv)
+    return _inverse_cdf_draw(key, scaled_bv, uniform_b)[0]
 
 
 def sample_token_and_logprob(key: jax.Array, logits_bv: jax.Array, *, temperature: jax.Array,
                              top_k: jax.Array, top_p: jax.Array, greedy: bool,
-                             use_filter: bool) -> tuple[jax.Array, jax.Array]:
+                             use_filter: bool, uniform_b: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """`sample_token`'s draw (the same token for the same key) and its tempered log-prob.
 
     log π_T(y) = z_y/T − logsumexp(z/T) of the float32 logits z: the distribution the token
@@ -187,7 +201,7 @@ def sample_token_and_logprob(key: jax.Array, logits_bv: jax.Array, *, temperatur
     normaliser's terms, so log Z = max z/T + log Σ exp(z/T − max z/T) reuses their sum
     instead of a second exp pass over the vocabulary (5.9 ms a decode step at batch 64 over
     49k logits on a 2-core AVX2 EPYC, docs/performance.md at 9f22ea1, "perf20"); a filter or
-    greedy decoding computes logsumexp as its own pass.
+    greedy decoding computes logsumexp as its own pass. `uniform_b`: as in `sample_token`.
 
     Returns:
       (int32 [B] tokens, float32 [B] log-probs).
@@ -200,9 +214,9 @@ def sample_token_and_logprob(key: jax.Array, logits_bv: jax.Array, *, temperatur
 
     if greedy or use_filter:
         token_b = sample_token(key, logits_bv, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
-                               use_filter=use_filter)
+                               use_filter=use_filter, uniform_b=uniform_b)
         return token_b, separate_pass(token_b)
-    token_b, max_b, mass_b = _inverse_cdf_draw(key, scaled_bv)  # `sample_token`'s draw.
+    token_b, max_b, mass_b = _inverse_cdf_draw(key, scaled_bv, uniform_b)  # `sample_token`'s draw.
     return token_b, jnp.take_along_axis(scaled_bv, token_b[:, None], axis=-1)[:, 0] - (max_b + jnp.log(mass_b))
 
 
@@ -317,7 +331,8 @@ def generate(key: jax.Array, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *
              max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
              greedy: bool = False, stop_token_ids: Sequence[int] | None = None, pad_id: int = 0,
              bucket: int = DEFAULT_BUCKET, cache_dtype: str | None = None,
-             decode_segments: int | None = None) -> Rollout:
+             decode_segments: int | None = None, compact: bool | None = None,
+             compact_every: int | None = None) -> Rollout:
     """Samples `num_samples` responses per left-padded prompt.
 
     Args:
@@ -345,6 +360,15 @@ def generate(key: jax.Array, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *
         segment). 1 = one loop over the whole cache; None = `default_decode_segments` (4 for
         buffers of 64 steps or more, 1 up to 31). Same distribution: the log-probs move only
         by float rounding, which can flip a sampled token that falls on a boundary.
+      compact: decode only the rows still alive (`jaxrl_vr.sampling.compact`): a host-driven
+        loop of jitted decode chunks that, as rows stop, gathers the live ones into a smaller
+        batch (powers of two), so finished rows stop costing decode steps. Same rollout (each
+        row draws with its own row of the step's uniforms, with or without compaction; float
+        rounding aside). None = on for response buffers of more than 64 slots
+        (`compact.COMPACT_AUTO_MIN_BUFFER`), off for shorter ones, which keep the one jitted
+        program. False = one program that decodes all B rows until the last one stops.
+      compact_every: with compaction, decode steps between two looks at which rows are done
+        (None = `compact.DEFAULT_COMPACT_EVERY`).
 
     Returns:
       Rollout with [B, max_new_tokens] responses (see `Rollout`).
@@ -353,7 +377,14 @@ def generate(key: jax.Array, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *
         key, model, prompt_tokens_ps, prompt_mask_ps, num_samples=num_samples, max_new_tokens=max_new_tokens,
         temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy, stop_token_ids=stop_token_ids,
         pad_id=pad_id, bucket=bucket, cache_dtype=cache_dtype, decode_segments=decode_segments)
-    tokens_bt, logp_bt, mask_bt, length_b, truncated_b = _generate_core(*core_args, **core_kwargs)
+    from jaxrl_vr.sampling import compact as compact_lib  # It builds on this module.
+    if compact is None:
+        compact = core_kwargs["buffer_len"] >= compact_lib.COMPACT_AUTO_MIN_BUFFER
+    if compact:
+        tokens_bt, logp_bt, mask_bt, length_b, truncated_b = compact_lib.generate_compact(
+            *core_args, **core_kwargs, compact_every=compact_every or compact_lib.DEFAULT_COMPACT_EVERY)
+    else:
+        tokens_bt, logp_bt, mask_bt, length_b, truncated_b = _generate_core(*core_args, **core_kwargs)
     tokens_ps = np.asarray(prompt_tokens_ps, np.int32)
     prompt_tokens_bs = jnp.asarray(np.repeat(tokens_ps, num_samples, axis=0))
     prompt_mask_bs = jnp.asarray(np.repeat(np.asarray(prompt_mask_ps), num_samples, axis=0))

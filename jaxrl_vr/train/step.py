@@ -147,6 +147,13 @@ class LossConfig:
                 f"{self.entropy_k_max}, {self.entropy_step_size}.")
 
     @property
+    def reads_response_width(self) -> bool:
+        """True when the loss reads the response axis' width T: Dr.GRPO
+        (``seq_mean_token_sum_norm``, policy or KL term) without ``max_len`` divides by T, so
+        the response columns may not be cut (``train.ragged``, ``microbatch_widths``)."""
+        return self.max_len is None and "seq_mean_token_sum_norm" in (self.aggregation, self.kl_aggregation)
+
+    @property
     def clip_eps(self) -> tuple[float, float]:
         """(eps_low, eps_high) in force: the configured values or the ratio's defaults."""
         low, high = DEFAULT_EPS[self.ratio]
@@ -510,6 +517,43 @@ def _split_microbatches(batch, num: int):
     return jax.tree.map(split, batch)
 
 
+MIN_MICROBATCH_WIDTH = 64
+
+
+def microbatch_widths(num_columns: int, cfg: LossConfig) -> tuple[int, ...]:
+    """The response widths `_accumulate` runs micro-batches at: MIN_MICROBATCH_WIDTH × 2^k
+    below `num_columns`, then `num_columns`; () (every micro-batch at full width, strided rows)
+    for one micro-batch, for <= MIN_MICROBATCH_WIDTH columns, or when the loss reads the width."""
+    if cfg.num_microbatches < 2 or num_columns <= MIN_MICROBATCH_WIDTH or cfg.reads_response_width:
+        return ()
+    widths, width = [], MIN_MICROBATCH_WIDTH
+    while width < num_columns:
+        widths.append(width)
+        width *= 2
+    return tuple(widths) + (num_columns,)
+
+
+def _length_sorted_microbatches(batch, index_b, num: int, widths: tuple[int, ...]):
+    """[B, ...] -> [M, B/M, ...] of the rows sorted by response length (micro-batch m = the
+    m-th B/M shortest), with each micro-batch's width bucket: int32 [M] index into `widths`
+    of the narrowest width holding its longest response."""
+    size, num_columns = batch.tokens_bt.shape
+    if size % num:
+        _split_microbatches(batch, num)  # raises its error
+    used_bt = batch.mask_bt.astype(bool) | batch.loss_mask_bt.astype(bool)
+    end_b = jnp.max(jnp.where(used_bt, jnp.arange(1, num_columns + 1, dtype=jnp.int32)[None, :], 0), axis=1)
+    order_b = jnp.argsort(end_b, stable=True)
+    split = lambda x: jnp.take(x, order_b, axis=0).reshape((num, size // num) + x.shape[1:])  # noqa: E731
+    end_m = jnp.max(split(end_b), axis=1)
+    bucket_m = jnp.sum(end_m[:, None] > jnp.asarray(widths, jnp.int32)[None, :], axis=1, dtype=jnp.int32)
+    return jax.tree.map(split, batch), split(index_b), jnp.minimum(bucket_m, len(widths) - 1)
+
+
+def _narrowed(mb, width: int):
+    """A micro-batch's [b, T] fields cut to `width` columns."""
+    return mb._replace(**{name: getattr(mb, name)[:, :width] for name in type(mb)._fields if name.endswith("_bt")})
+
+
 def make_loss_fn(graphdef, cfg: LossConfig):
     """The per-micro-batch objective ``(params, rest, mb, hyper, controller, dens) ->
     (value, metric sums)``.
@@ -585,6 +629,14 @@ def step_tables(model, batch: "RolloutBatch", cfg: LossConfig) -> dict:
 def _accumulate(params, rest, batch, hyper, controller, cfg, objective_fn, with_grad, graphdef):
     """Sum objective (and grads) over micro-batches; returns (loss, grads|None, sums, dens).
 
+    With several micro-batches over more than MIN_MICROBATCH_WIDTH response columns
+    (`microbatch_widths`), the rows are sorted by response length and micro-batch m takes
+    the m-th B/M shortest, run at the narrowest width bucket holding them (one `lax.switch`
+    branch per bucket, so one compiled step serves every mix of lengths): a batch of short
+    answers with a few long ones pays the long width only in the micro-batches that hold
+    them. The columns cut are masked in every row they are cut from, so every sum is the same
+    (up to float summation order); the denominators stay the full batch's.
+
     The step's shared tables (``step_tables``: prompt prefixes, a tied unembedding) are
     formed before the micro-batches (``jax.vjp``); each micro-batch's gradient with respect
     to them is summed, and one backward pass through them adds their share to the
@@ -601,18 +653,30 @@ def _accumulate(params, rest, batch, hyper, controller, cfg, objective_fn, with_
     else:
         tables = tables_fn(params)
     index_b = jnp.arange(batch.tokens_bt.shape[0], dtype=jnp.int32) // group
-    xs = (_split_microbatches(batch, cfg.num_microbatches), _split_microbatches(index_b, cfg.num_microbatches))
+    widths = microbatch_widths(batch.tokens_bt.shape[1], cfg)
+    if widths:  # Length-sorted micro-batches, each run at its own width bucket (lax.switch).
+        xs = _length_sorted_microbatches(batch, index_b, cfg.num_microbatches, widths)
+    else:
+        xs = (_split_microbatches(batch, cfg.num_microbatches), _split_microbatches(index_b, cfg.num_microbatches),
+              jnp.zeros((cfg.num_microbatches,), jnp.int32))
     if with_grad:
         value_and_grad = jax.value_and_grad(objective_fn, argnums=(0, 6), has_aux=True)
 
-    def body(carry, mb_index):
-        mb, index = mb_index
-        loss_acc, grad_acc, sums_acc = carry
+    def evaluate(mb, index):
         if with_grad:
-            (loss, sums), grads = value_and_grad(params, rest, mb, hyper, controller, dens, tables, index)
-            grad_acc = jax.tree.map(jnp.add, grad_acc, grads)
+            return value_and_grad(params, rest, mb, hyper, controller, dens, tables, index)
+        return objective_fn(params, rest, mb, hyper, controller, dens, tables, index), None
+
+    def body(carry, mb_index):
+        mb, index, bucket = mb_index
+        loss_acc, grad_acc, sums_acc = carry
+        if widths:
+            branches = [lambda mb, index, w=w: evaluate(_narrowed(mb, w), index) for w in widths]
+            (loss, sums), grads = jax.lax.switch(bucket, branches, mb, index)
         else:
-            loss, sums = objective_fn(params, rest, mb, hyper, controller, dens, tables, index)
+            (loss, sums), grads = evaluate(mb, index)
+        if with_grad:
+            grad_acc = jax.tree.map(jnp.add, grad_acc, grads)
         max_keys = {k for k in sums if k.endswith("_max")}
         sums_acc = {
             k: (jnp.maximum(sums_acc[k], v) if k in max_keys else sums_acc[k] + v)
@@ -620,7 +684,7 @@ def _accumulate(params, rest, batch, hyper, controller, cfg, objective_fn, with_
         }
         return (loss_acc + loss, grad_acc, sums_acc), None
 
-    first, first_index = jax.tree.map(lambda x: x[0], xs)
+    first, first_index, _ = jax.tree.map(lambda x: x[0], xs)
     sums_shape = jax.eval_shape(
         lambda: objective_fn(params, rest, first, hyper, controller, dens, tables, first_index)[1]
     )

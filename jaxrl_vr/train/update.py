@@ -24,6 +24,7 @@ import numpy as np
 
 from jaxrl_vr import layout, parallel
 from jaxrl_vr.estimators import Estimator, EstimatorContext, make_estimator
+from jaxrl_vr.train import ragged
 from jaxrl_vr.train import step as step_lib
 from jaxrl_vr.train.checkpoint import Checkpointer
 from jaxrl_vr.train.config import PipelineConfig
@@ -44,7 +45,12 @@ class LoopState(NamedTuple):
 class UpdateFns(NamedTuple):
     """The jitted ``train_step(state, batch, hyper, rest)`` (the state is donated: the update
     runs in place, and the state passed in is gone) and ``logprob_fn(params, rest,
-    prompt_tokens_bs, prompt_mask_bs, tokens_bt, mask_bt, temperature)``."""
+    prompt_tokens_bs, prompt_mask_bs, tokens_bt, mask_bt, temperature)``.
+
+    Both first cut the batch's response axis after its last real token (rounded up to a
+    multiple of ``ragged.TRIM_MULTIPLE``, host-side: ``ragged.trim_response``), so a long
+    buffer of short answers trains on its answers' columns only; the jitted functions are
+    their ``.jitted``."""
 
     train_step: Callable
     logprob_fn: Callable
@@ -57,7 +63,8 @@ def _build_update_fns(graphdef, optim: OptimConfig, loss_structure: step_lib.Los
     logprob_fn = step_lib.make_logprob_fn(graphdef, num_microbatches=num_updates,
                                           chunk_size=loss_structure.logprob_chunk_size,
                                           prompt_group_size=group_size)
-    return UpdateFns(train_step.jitted, logprob_fn)
+    return UpdateFns(ragged.trimmed_train_step(train_step.jitted, loss_structure),
+                     ragged.trimmed_logprob_fn(logprob_fn))
 
 
 # Shared by trainers of one structure, so a resumed or repeated run in one process does not
