@@ -331,6 +331,7 @@ def main(argv=None) -> dict:
         "allow_eos": args.allow_eos,
         "mean_response_len": statistics.mean(r["mean_response_len"] for r in timed),
         "max_response_len": max(r["max_response_len"] for r in timed),
+        "mean_gen_tokens_per_step": statistics.mean(r["gen_tokens"] for r in timed),  # bench_common's name
         "median_step_s": median("step_s"),
         "median_rollout_s": median("rollout_s"),
         "median_update_s": update_s,
