@@ -81,7 +81,7 @@ class Workload(NamedTuple):
     prompts × G samples, the response cap, whether samples stop at EOS, LoRA rank (0 = full
     fine-tuning), the precisions it runs in by default ("auto": bf16 where the CPU has bf16
     dot units, else fp32: what a user of the machine would pick) and its targets, each a
-    (ratio name, "max" | "min", bound)."""
+    (ratio name, "max" | "min", bound), or None for issue 12's per-precision `TARGETS`."""
 
     model: str
     prompts: int
@@ -96,7 +96,7 @@ class Workload(NamedTuple):
 # Issue 43's workloads beside issue 12's. Cross-workload targets (LoRA's memory against our
 # full fine-tuning of the same model) are `CROSS_TARGETS`.
 WORKLOADS = {
-    "fixed64": Workload("smollm2-135m", 8, 8, 64, False, 0, "fp32,bf16", ()),  # TARGETS, per precision
+    "fixed64": Workload("smollm2-135m", 8, 8, 64, False, 0, "fp32,bf16", None),  # None: TARGETS, per precision
     "ragged512": Workload("smollm2-135m", 8, 8, 512, True, 0, "auto",
                           (("step_ours_over_trl", "max", 0.5), ("rollout_tokens_per_s_over_trl", "min", 2.0))),
     "wide_full": Workload("wide-qwen2", 4, 8, 128, False, 0, "auto",
@@ -376,7 +376,7 @@ def main(argv=None) -> dict:
             entry["round_ratios"][precision] = per_round
             entry["ratios"][precision] = {key: summarise([r[key] for r in per_round]) for key in per_round[0]}
         entry["targets"] = target_verdicts(entry["ratios"], cpu.get("bf16_dot_units"),
-                                           None if name == "fixed64" else workload.targets)
+                                           workload.targets)
         results["workloads"][name] = entry
         results["targets"] += [{"workload": name, **v} for v in entry["targets"]]
         report_workload(name, entry, args.rounds)
