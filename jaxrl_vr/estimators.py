@@ -189,10 +189,11 @@ class PairWeightedSettings:
         if getattr(rl, "pairing", None) is None:
             raise ValueError("rl.estimator.name='pair_weighted' normalises (q+, q-) prompt pairs: "
                              "switch pairing on (set a key of rl.pairing, e.g. rl.pairing.neg_c=2).")
-        if getattr(rl.pairing, "select", "pairs") != "pairs":
+        if getattr(rl.pairing, "select", "pairs") == "variance":
             raise ValueError(f"rl.estimator.name='pair_weighted' weights (q+, q-) pairs, but "
                              f"rl.pairing.select={rl.pairing.select!r} forms none (every row would get plain "
-                             "GRPO); use rl.estimator=grpo for the variance baseline, or rl.pairing.select=pairs.")
+                             "GRPO); use rl.estimator=grpo for the variance baseline, or rl.pairing.select=pairs "
+                             "(or random_pairs).")
 
 
 def _pair_weighted(settings: PairWeightedSettings, context: EstimatorContext) -> Estimator:

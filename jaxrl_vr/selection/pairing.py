@@ -18,7 +18,9 @@ Two switches reproduce the paper's set-up and its baseline: ``fixed_prompts=n`` 
 one small set of n prompts (n/2 pairs) chosen once from the calibrated rates and repeated
 every step (the paper's "single paired minibatch per update"), and ``select="variance"``
 picks the prompts with the highest tracked reward variance p(1 − p) instead of pairs
-(the variance-based selection the paper compares against; ``variance_order``).
+(the variance-based selection the paper compares against; ``variance_order``), and
+``select="random_pairs"`` marks pairs of prompts taken from the data order without the
+q⁺/q⁻ criterion (Weighted GRPO's row weights without the pairing: an ablation).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ __all__ = [
 ]
 
 _EPS = 1e-9  # rates are ratios of counts; compare band edges with a tiny tolerance
-PAIRING_SELECTIONS = ("pairs", "variance")
+PAIRING_SELECTIONS = ("pairs", "variance", "random_pairs")
 
 
 class PairPools(NamedTuple):
@@ -248,7 +250,10 @@ class PairedPromptSource:
         when the pools run short, and then the data position stalls).
       strategy: ``"random"`` or ``"extreme"``.
       select: ``"pairs"`` (the above) or ``"variance"``: step 2-3 take the P − n_explore
-        measured prompts of highest p(1 − p) (``variance_order``), unpaired rows.
+        measured prompts of highest p(1 − p) (``variance_order``), unpaired rows; or
+        ``"random_pairs"``: the first 2·⌊(P − n_explore)/2⌋ rows come from the data order,
+        in rows (2i, 2i + 1), marked as pairs without reading the rates (the ablation of
+        the q⁺/q⁻ choice; with fixed_prompts the set is drawn uniformly from the pool).
       fixed_prompts: n > 0: at the first draw choose n prompts once (n/2 pairs, or the n of
         highest variance) from the rates, then every step is that set repeated P/n times
         (pairs keep their rows (2i, 2i + 1)); the data order is not read. ValueError if the
@@ -287,10 +292,10 @@ class PairedPromptSource:
             raise ValueError(f"select must be one of {PAIRING_SELECTIONS}, got {select!r}.")
         fixed_prompts = int(fixed_prompts)
         if fixed_prompts < 0 or (fixed_prompts and int(prompts_per_step) % fixed_prompts) or (
-                select == "pairs" and fixed_prompts % 2):
+                select != "variance" and fixed_prompts % 2):
             raise ValueError(
                 f"fixed_prompts={fixed_prompts} must be 0 (off) or a divisor of prompts_per_step="
-                f"{prompts_per_step}" + (", and even (pairs)" if select == "pairs" else "") + ".")
+                f"{prompts_per_step}" + (", and even (pairs)" if select != "variance" else "") + ".")
         # Validates the bands once, before any step.
         pairing_pools(np.zeros(1), np.zeros(1), group_size=group_size, neg_c=neg_c,
                       pos_max=pos_max, pos_min=pos_min)
@@ -359,6 +364,12 @@ class PairedPromptSource:
             self.num_draws += 1
             return PromptChoice(np.asarray(chosen.tolist() + rest, np.int64),
                                 np.zeros(self.prompts_per_step, bool), 0)
+        if self.select == "random_pairs":
+            paired = self._take_data_order(2 * self.max_pairs, set())
+            rest = self._take_data_order(self.prompts_per_step - len(paired), set(paired))
+            self.num_draws += 1
+            return PromptChoice(np.asarray(paired + rest, np.int64),
+                                np.arange(self.prompts_per_step) < len(paired), self.max_pairs)
         positive, negative = self._pools(rate, measured)
         num_pairs = int(min(self.max_pairs, positive.sum(), negative.sum()))
         pairs = np.zeros((0, 2), np.int64)
@@ -386,6 +397,9 @@ class PairedPromptSource:
             if self.select == "variance":
                 chosen = variance_order(rng, rate, measured)[:size]
                 need, found = f"{size} prompts with 0 < rate < 1", f"{chosen.size}"
+            elif self.select == "random_pairs":
+                chosen = rng.permutation(self.num_prompts)[:size]
+                need, found = f"{size} prompts", f"{self.num_prompts}"
             else:
                 positive, negative = self._pools(rate, measured)
                 num = min(size // 2, int(positive.sum()), int(negative.sum()))
@@ -400,7 +414,7 @@ class PairedPromptSource:
                     "or calibrate more prompts.")
             self.fixed_idx = np.asarray(chosen, np.int64)
         repeats = self.prompts_per_step // size
-        is_pair = self.select == "pairs"
+        is_pair = self.select != "variance"
         self.num_draws += 1
         return PromptChoice(np.tile(self.fixed_idx, repeats), np.full(self.prompts_per_step, is_pair),
                             self.prompts_per_step // 2 if is_pair else 0)

@@ -113,7 +113,8 @@ class PairingSettings:
         rate keep entering and the data position advances.
       select: "pairs" (q⁺, q⁻ pairs) or "variance": the prompts of highest tracked reward
         variance p(1 − p), unpaired (the selection the paper compares against; train it with
-        a plain estimator such as grpo).
+        a plain estimator such as grpo), or "random_pairs": data-order prompts marked as
+        pairs without the q⁺/q⁻ bands (Weighted GRPO's weights without the pairing).
       fixed_prompts: n > 0 = the paper's tiny fixed set: n prompts (n/2 pairs, or the n of
         highest variance) chosen once from the calibrated rates and repeated every step
         (rl.prompts_per_step a multiple of n); 0 = choose every step.
@@ -135,9 +136,9 @@ class PairingSettings:
             raise ValueError(f"strategy={self.strategy!r} is not one of {PAIRING_STRATEGIES}.")
         if self.select not in PAIRING_SELECTIONS:
             raise ValueError(f"select={self.select!r} is not one of {PAIRING_SELECTIONS}.")
-        if self.fixed_prompts < 0 or (self.select == "pairs" and self.fixed_prompts % 2):
+        if self.fixed_prompts < 0 or (self.select != "variance" and self.fixed_prompts % 2):
             raise ValueError(f"fixed_prompts={self.fixed_prompts} must be 0 (off) or a positive number of "
-                             "prompts (even with select='pairs': whole pairs).")
+                             "prompts (even unless select='variance': whole pairs).")
         if not 0.0 <= self.pos_min < self.pos_max <= 1.0:
             raise ValueError(f"pos_min, pos_max need 0 <= pos_min < pos_max <= 1, got {self.pos_min}, "
                              f"{self.pos_max}.")
@@ -163,7 +164,7 @@ class PairingSettings:
                 raise ValueError(f"rl.pairing.fixed_prompts={self.fixed_prompts} repeats its set to fill "
                                  f"each batch, so rl.prompts_per_step={num_p} must be a multiple of it.")
             return
-        need = 2 if self.select == "pairs" else 1  # rows a pair (or a variance pick) needs
+        need = 1 if self.select == "variance" else 2  # rows a pair (or a variance pick) needs
         explore = int(np.ceil(self.explore_frac * num_p - 1e-9))
         if num_p - explore < need:
             fits = [p for p in range(num_p, 8 * num_p + 8, 2)  # P stays even (pairing's check)

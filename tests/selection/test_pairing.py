@@ -248,6 +248,27 @@ def test_variance_selection_takes_the_uncertain_prompts_unpaired():
     assert source.data_position >= 2
 
 
+def test_random_pairs_take_the_data_order_without_reading_the_rates():
+    # The ablation of the q+/q- choice: the same rows are marked as pairs, from the data order.
+    source, _ = _source_and_tracker(40, select="random_pairs", prompts_per_step=8)
+    choice = source.next_prompts(0)
+    # ceil(0.25·8) = 2 explore rows, 6 selected rows = 3 pairs, all from the epoch-0 order.
+    assert choice.num_pairs == 3 and choice.is_pair_p.tolist() == [True] * 6 + [False] * 2
+    np.testing.assert_array_equal(choice.idx_p, source.data_order(0)[:8])
+    assert source.data_position == 8
+    blind = PairedPromptSource(40, lambda: (np.zeros(40), np.zeros(40, bool)), prompts_per_step=8,
+                               group_size=G, seed=5, select="random_pairs")
+    np.testing.assert_array_equal(blind.next_prompts(0).idx_p, choice.idx_p)  # rates unread
+    fixed = PairedPromptSource(40, tracker_rates(PromptTracker(40)), prompts_per_step=8, group_size=G,
+                               select="random_pairs", fixed_prompts=4)
+    first = fixed.next_prompts(0)
+    assert first.is_pair_p.all() and first.num_pairs == 4 and np.unique(first.idx_p).size == 4
+    np.testing.assert_array_equal(fixed.next_prompts(1).idx_p, first.idx_p)
+    with pytest.raises(ValueError, match="even"):
+        PairedPromptSource(40, tracker_rates(PromptTracker(40)), prompts_per_step=8, group_size=G,
+                           select="random_pairs", fixed_prompts=1)
+
+
 def test_fixed_pairs_are_chosen_once_and_repeated_every_step():
     source, tracker = _source_and_tracker(40, fixed_prompts=2, prompts_per_step=4)
     rate = _scripted_pool(40)

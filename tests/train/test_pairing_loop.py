@@ -120,6 +120,9 @@ def test_pairing_that_can_form_no_pair_is_a_config_error_naming_the_fix():
         validate(cfg(prompts_per_step=6, pairing={"fixed_prompts": 4}))
     with pytest.raises(ValueError, match="rl.estimator=grpo"):
         validate(cfg(prompts_per_step=4, pairing={"select": "variance"}, estimator="pair_weighted"))
+    validate(cfg(prompts_per_step=4, pairing={"select": "random_pairs"}, estimator="pair_weighted"))
+    with pytest.raises(ValueError, match="even"):
+        validate(cfg(prompts_per_step=4, pairing={"select": "random_pairs", "fixed_prompts": 1}))
 
 
 def test_fixed_pair_trains_on_the_same_prompts_every_step(tmp_path):
