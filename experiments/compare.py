@@ -395,11 +395,12 @@ def collect_table(
     seed is shared by its arms, so that is a paired comparison with the base itself).
     """
     per_run: dict[str, dict[int, dict]] = {}
+    chance: dict[str, dict[int, dict]] = {}
     curves: dict[str, dict[int, list]] = {}
     missing = []
     ks = eval_lib.headline_ks(num_samples)
     for arm in arms:
-        per_run[arm.name], curves[arm.name] = {}, {}
+        per_run[arm.name], curves[arm.name], chance[arm.name] = {}, {}, {}
         for seed in seeds:
             workdir = run_dir(root, arm.name, seed)
             evaluation = _load_evaluation(workdir, num_samples)
@@ -407,6 +408,8 @@ def collect_table(
                 missing.append(f"{arm.name}/seed{seed}")
                 continue
             per_run[arm.name][seed] = _run_metrics(evaluation, run_io.read_run_stats(workdir), workdir)
+            if evaluation.get("inversion"):
+                chance[arm.name][seed] = {key: evaluation["inversion"][key] for key in CHANCE_KEYS}
             curves[arm.name][seed] = [evaluation["pass_at_k"][str(k)] for k in ks]
             if evaluation.get("base"):
                 curves.setdefault("base", {})[(arm.name, seed)] = [evaluation["base"]["pass_at_k"][str(k)] for k in ks]
@@ -440,7 +443,7 @@ def collect_table(
     budget_curves = (_budget_curves(root, arms, seeds, num_samples, budget_fractions)
                      if budget_fractions else {})
     return eval_lib.to_jsonable({
-        "root": os.path.abspath(root),
+        "root": _shown_path(root),
         "arms": [arm._asdict() for arm in arms],
         "seeds": list(seeds),
         "baseline": baseline,
@@ -448,6 +451,7 @@ def collect_table(
         "ks": ks,
         "metrics": metrics,
         "per_run": {name: {str(s): row for s, row in runs.items()} for name, runs in per_run.items()},
+        "per_run_chance": {name: {str(s): row for s, row in runs.items()} for name, runs in chance.items()},
         "summary": summary,
         "paired_differences": differences,
         "contrasts": contrast_table,
@@ -458,6 +462,37 @@ def collect_table(
         "budget_curves": budget_curves,
         "missing_runs": missing,
     })
+
+
+def _shown_path(path: str) -> str:
+    """``path`` relative to the working directory when it lies inside it (a committed table
+    names no machine's folders), else absolute."""
+    full, here = os.path.abspath(path), os.getcwd()
+    return os.path.relpath(full, here) if full.startswith(here + os.sep) else full
+
+
+CHANCE_KEYS = ("lost", "lost_expected_by_chance", "lost_chance_sd", "lost_chance_p_value",
+               "newly_solved", "newly_solved_expected_by_chance", "newly_solved_chance_p_value")
+
+
+def _chance_markdown(table: Mapping[str, Any]) -> list[str]:
+    """Per run: prompts lost (and newly solved) against what sampling alone would give."""
+    runs = table.get("per_run_chance") or {}
+    if not any(runs.values()):
+        return []
+    n = table["num_samples"]
+    lines = ["", f"## Per run: base-solvable prompts lost (0 of {n}) against chance", "",
+             "Chance: the count an unchanged policy would lose to sampling alone (the evaluation's "
+             "Poisson-binomial; p two-sided).", "",
+             "| arm | seed | lost | expected | sd | p | newly solved | expected | p |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, by_seed in runs.items():
+        for seed, c in by_seed.items():
+            lines.append(
+                f"| {name} | {seed} | {c['lost']} | {c['lost_expected_by_chance']:.1f} | {c['lost_chance_sd']:.1f} "
+                f"| {c['lost_chance_p_value']:.2g} | {c['newly_solved']} | "
+                f"{c['newly_solved_expected_by_chance']:.1f} | {c['newly_solved_chance_p_value']:.2g} |")
+    return lines
 
 
 def _budget_curves(root: str, arms: Sequence[Arm], seeds: Sequence[int], num_samples: int,
@@ -579,6 +614,7 @@ def table_markdown(table: Mapping[str, Any], token_budget: int | None = None) ->
                 label = f"{f:g}" + ("" if used is None or f in (0.0, 1.0) else f" ({used:.3f})")
                 lines.append(f"| {name} | {label} | {_pm(cell['pass@1'], 3)} | {_pm(cell[f'pass@{n}'], 3)} "
                              f"| {curve['pass@1']['count'][i]} |")
+    lines += _chance_markdown(table)
     if table["missing_runs"]:
         lines += ["", f"Missing (not evaluated): {', '.join(table['missing_runs'])}."]
     lines += ["", "![pass@k](compare_passk.png)", "", "![regimes](compare_regimes.png)", ""]

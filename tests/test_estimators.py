@@ -77,6 +77,17 @@ def test_pair_weighted_uses_group_normalisation_then_the_pair_weights():
     np.testing.assert_allclose(np.asarray(adv_none), np.asarray(advantages.grpo(scores, valid)), rtol=1e-6)
 
 
+def test_pair_weighted_at_unit_weights_is_grpo_on_binary_rewards():
+    # λ_neg = λ_pos = 1, group scope: every row, paired or not, gets GRPO's z-score, so a
+    # pairing run with the default weights trains pairing's prompts with plain GRPO.
+    rng = np.random.default_rng(0)
+    scores = jnp.asarray(rng.integers(0, 2, (6, 8)), jnp.float32)
+    valid = jnp.asarray(rng.random((6, 8)) < 0.9)
+    adv, _ = estimators.make_estimator("pair_weighted").update(
+        scores, valid, scores, (), paired_p=jnp.asarray([True] * 4 + [False] * 2))
+    np.testing.assert_allclose(np.asarray(adv), np.asarray(advantages.grpo(scores, valid)), rtol=1e-6, atol=1e-7)
+
+
 def test_unknown_estimator_names_the_registered_ones():
     with pytest.raises(ValueError, match="registered"):
         estimators.make_estimator("grpoo")

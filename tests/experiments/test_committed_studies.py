@@ -1,6 +1,8 @@
 """Committed studies regenerate from their committed per-run files (issue 39's evidence rule)."""
 
+import glob
 import os
+import re
 
 import pytest
 
@@ -50,6 +52,45 @@ def test_a_committed_study_regenerates_its_tables_and_quoted_rows(study, tmp_pat
             assert line in expected, (title, line)
             checked += 1
     assert checked >= 30
+
+
+_NUM = r"[+\-−]?\d+(?:\.\d+)?(?:e[+\-]?\d+)?"
+_INTERVAL = re.compile(rf"({_NUM}) \[({_NUM}), ({_NUM})\]")
+_PLUS_MINUS = re.compile(rf"({_NUM}) ± ({_NUM})")
+
+
+def _numbers(match) -> tuple[float, ...]:
+    return tuple(round(float(g.replace("−", "-")), 6) for g in match.groups())
+
+
+def quoted_numbers_not_in_tables(readme: str, tables: list[str]) -> list[str]:
+    """The README's "m [lo, hi]" intervals and "m ± s" values that no compare.md of the
+    study holds (compared as numbers, so −/+ signs and the table's layout do not matter)."""
+    known_intervals, known_pm = set(), set()
+    for text in tables:
+        flat = text.replace(" | [", " [")  # paired rows: | mean | [lo, hi] |
+        known_intervals |= {_numbers(m) for m in _INTERVAL.finditer(flat)}
+        known_pm |= {_numbers(m) for m in _PLUS_MINUS.finditer(text)}
+    bad = [m.group(0) for m in _INTERVAL.finditer(readme) if _numbers(m) not in known_intervals]
+    return bad + [m.group(0) for m in _PLUS_MINUS.finditer(readme) if _numbers(m) not in known_pm]
+
+
+def test_quoted_number_check_catches_a_stale_interval():
+    tables = ["| pass@1 | +0.020 | [-0.048, 0.087] | 3 | no difference detected |\n| x | 0.312 ± 0.009 |"]
+    assert quoted_numbers_not_in_tables("pass@1 +0.020 [−0.048, +0.087]; 0.312 ± 0.009", tables) == []
+    assert quoted_numbers_not_in_tables("pass@1 +0.021 [−0.048, +0.087]", tables) == ["+0.021 [−0.048, +0.087]"]
+    assert quoted_numbers_not_in_tables("0.312 ± 0.010", tables) == ["0.312 ± 0.010"]
+
+
+@pytest.mark.parametrize("study", ["passk_study", "study"])
+def test_every_interval_a_study_readme_quotes_is_in_its_tables(study):
+    folder = os.path.join(REPO, "experiments", "results", study)
+    tables = []
+    for path in sorted(glob.glob(os.path.join(folder, "**", "compare.md"), recursive=True)):
+        with open(path) as f:
+            tables.append(f.read())
+    with open(os.path.join(folder, "README.md")) as f:
+        assert quoted_numbers_not_in_tables(f.read(), tables) == []
 
 
 # The simulator README's tables: label of the "run" column -> folder under results/sim.

@@ -1,14 +1,15 @@
 #!/bin/bash
-# The C1-C5 study (issue 10): 13 arms x 3 seeds at 400k generated tokens each, n = 256 final
-# evaluation. Resumable: complete runs are not re-run. About 80 min on 2 CPU cores.
-# Each seed draws its own held-out prompts, as the study did (task.eval_seed=None). Extra flags
-# are passed on, e.g. --report_only --out=experiments/results/study
-# --collect_evidence=experiments/results/study/runs once the runs are done (README.md).
+# The C1-C5 study (issues 10, 39): 15 arms x 3 seeds at 400k generated tokens each, n = 256 final
+# and half-budget evaluation, the same 80 held-out prompts for every seed (the default); then the
+# arms behind C2 and C3 (and their baseline) on seeds 3 and 4 (compare_5seeds.*). Resumable:
+# complete runs are not re-run. About 75 min on 2 CPU cores with --jobs=2.
+# Extra flags are passed to both compares, e.g. --report_only once the runs are done.
 cd "$(dirname "$0")/../../.."  # the repository root
-exec .venv/bin/python -m experiments.compare --root=runs/study \
-  --config=experiments/configs/default.py --seeds=0,1,2 --token_budget=400000 \
-  --num_samples=256 --budget_fractions=0.5 --jobs=2 --baseline=grpo \
-  --common="rl.steps=5000 run.tensorboard=False run.export=False task.eval_seed=None" \
+OUT=experiments/results/study
+COMMON=(--config=experiments/configs/default.py --token_budget=400000 --num_samples=256
+  --budget_fractions=0.5 --jobs=2 --baseline=grpo
+  --common="rl.steps=5000 run.tensorboard=False run.export=False")
+.venv/bin/python -m experiments.compare --root=runs/study --out=$OUT --seeds=0,1,2 "${COMMON[@]}" \
   --arm=grpo \
   --arm="dr_grpo=rl.estimator=dr_grpo loss.aggregation=seq_mean_token_sum_norm" \
   --arm="loo=rl.estimator=loo" \
@@ -22,6 +23,16 @@ exec .venv/bin/python -m experiments.compare --root=runs/study \
   --arm="dapo=rl.batch_strategy=dynamic" \
   --arm="pba_charged=rl.anchor.polarity=above rl.anchor.weight=0.1 rl.budget.include_calibration=True" \
   --arm="pba8_charged=rl.anchor.polarity=above rl.anchor.weight=0.1 rl.anchor.calibration_samples=8 rl.budget.include_calibration=True" \
+  --arm="grpo_lr1e4=optim.learning_rate=1e-4" \
+  --arm="variance_grpo=rl.pairing.select=variance rl.estimator=grpo" \
   --contrast=curverl,maxrl --contrast=pairing_wgrpo,dapo \
+  --contrast=pairing_wgrpo,variance_grpo --contrast=variance_grpo,dapo \
+  --contrast=gspo,grpo_lr1e4 --contrast=grpo_lr1e4,grpo \
   --contrast=loo_gspo,loo --contrast=loo_gspo,gspo --contrast=loo_gspo_dapo,loo_gspo \
-  --contrast=pba_charged,pba --contrast=pba8_charged,pba "$@"
+  --contrast=pba_charged,pba --contrast=pba8_charged,pba "$@" || exit
+exec .venv/bin/python -m experiments.compare --root=runs/study --out=$OUT/seeds5 --seeds=0,1,2,3,4 "${COMMON[@]}" \
+  --arm=grpo \
+  --arm="maxrl=rl.estimator=maxrl" \
+  --arm="curverl=rl.estimator=curverl" \
+  --arm="pba=rl.anchor.polarity=above rl.anchor.weight=0.1" \
+  --contrast=curverl,maxrl "$@"
