@@ -475,6 +475,23 @@ CHANCE_KEYS = ("lost", "lost_expected_by_chance", "lost_chance_sd", "lost_chance
                "newly_solved", "newly_solved_expected_by_chance", "newly_solved_chance_p_value")
 
 
+def _glance_markdown(table: Mapping[str, Any]) -> list[str]:
+    """One row per arm: the headline metrics (mean ± s.e. over seeds)."""
+    n = table["num_samples"]
+    columns = [("pass@1", "pass@1"), (f"pass@{n}", f"pass@{n}"), (f"boundary pass@{n}", f"boundary pass@{n}"),
+               ("lost", "lost"), ("lost_expected_by_chance", "lost by chance"),
+               ("KL to base (last 10 steps)", "KL to base"), ("rl_steps", "RL steps")]
+    columns = [(m, label) for m, label in columns if m in table["metrics"]]
+    if not columns:
+        return []
+    lines = ["", "## At a glance (mean ± standard error over seeds)", "",
+             "| arm | " + " | ".join(label for _, label in columns) + " |", "|---|" + "---:|" * len(columns)]
+    for arm in (a["name"] for a in table["arms"]):
+        cells = [_pm(table["summary"][arm][m], _digits(m)) for m, _ in columns]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _chance_markdown(table: Mapping[str, Any]) -> list[str]:
     """Per run: prompts lost (and newly solved) against what sampling alone would give."""
     runs = table.get("per_run_chance") or {}
@@ -562,6 +579,7 @@ def table_markdown(table: Mapping[str, Any], token_budget: int | None = None) ->
         + (f"token budget {token_budget} generated tokens per run." if token_budget else
            "no token budget given: runs stop at their configured steps.")
     )
+    lines += _glance_markdown(table)
     lines += ["", "## Mean ± standard error over seeds", ""]
     lines.append("| metric | " + " | ".join(arms) + " |")
     lines.append("|---|" + "---:|" * len(arms))
