@@ -234,9 +234,9 @@ def test_report_only_rebuilds_the_tables_from_the_collected_per_run_evidence(smo
 
 def test_recorded_settings_of_the_study_and_a_missing_table():
     study = compare.recorded_settings(os.path.join(REPO, "experiments", "results", "study", "compare.json"))
-    assert len(study.arms) == 13 and study.seeds == [0, 1, 2] and study.baseline == "grpo"
-    assert study.num_samples == 256 and study.budget_fractions == [0.5] and len(study.contrasts) == 7
-    assert study.token_budget is None  # written before compare.json recorded it: --token_budget gives it
+    assert len(study.arms) == 15 and study.seeds == [0, 1, 2] and study.baseline == "grpo"
+    assert study.num_samples == 256 and study.budget_fractions == [0.5] and len(study.contrasts) == 12
+    assert study.token_budget == 400000
     with pytest.raises(ValueError, match="--arm flags"):
         compare.recorded_settings(os.path.join(REPO, "no_such_dir", "compare.json"))
 

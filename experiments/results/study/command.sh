@@ -28,6 +28,6 @@ exec .venv/bin/python -m experiments.compare --root=runs/study --out=$OUT --seed
   --arm="variance_grpo=rl.pairing.select=variance rl.estimator=grpo" \
   --contrast=curverl,maxrl --contrast=pairing_wgrpo,dapo \
   --contrast=pairing_wgrpo,variance_grpo --contrast=variance_grpo,dapo \
-  --contrast=gspo,grpo_lr1e4 \
+  --contrast=gspo,grpo_lr1e4 --contrast=pba,grpo_lr1e4 --contrast=loo_gspo_dapo,grpo_lr1e4 \
   --contrast=loo_gspo,loo --contrast=loo_gspo,gspo --contrast=loo_gspo_dapo,loo_gspo \
   --contrast=pba_charged,pba --contrast=pba8_charged,pba "$@"
