@@ -22,7 +22,8 @@ def _sections(markdown: str) -> dict[str, list[str]]:
     return sections
 
 
-@pytest.mark.parametrize("study, runs", [("passk_study", "passk_study/runs"), ("study", "study/runs")])
+@pytest.mark.parametrize("study, runs", [("passk_study", "passk_study/runs"), ("study", "study/runs"),
+                                         ("study/seeds5", "study/runs")])
 def test_a_committed_study_regenerates_its_tables(study, runs, tmp_path):
     folder = os.path.join(REPO, "experiments", "results", study)
     settings = compare.recorded_settings(os.path.join(folder, "compare.json"))

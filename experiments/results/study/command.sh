@@ -1,7 +1,8 @@
 #!/bin/bash
 # The C1-C5 study (issues 10, 39): 15 arms x 3 seeds at 400k generated tokens each, n = 256 final
-# and half-budget evaluation, the same 80 held-out prompts for every seed (the default).
-# Resumable: complete runs are not re-run. About 110 min on 2 CPU cores with --jobs=2.
+# and half-budget evaluation, the same 80 held-out prompts for every seed (the default); then
+# grpo, pba, maxrl and curverl on seeds 3 and 4 (seeds5/). Resumable: complete runs are not
+# re-run. About 125 min on 2 CPU cores with --jobs=2.
 # Extra flags are passed on, e.g. --report_only --collect_evidence=experiments/results/study/runs
 # once the runs are done, or --report_only --root=experiments/results/study/runs to rebuild the
 # tables from the committed per-run files alone.
@@ -10,7 +11,7 @@ OUT=experiments/results/study
 COMMON=(--config=experiments/configs/default.py --token_budget=400000 --num_samples=256
   --budget_fractions=0.5 --jobs=2 --baseline=grpo
   --common="rl.steps=5000 run.tensorboard=False run.export=False")
-exec .venv/bin/python -m experiments.compare --root=runs/study --out=$OUT --seeds=0,1,2 "${COMMON[@]}" \
+.venv/bin/python -m experiments.compare --root=runs/study --out=$OUT --seeds=0,1,2 "${COMMON[@]}" \
   --arm=grpo \
   --arm="dr_grpo=rl.estimator=dr_grpo loss.aggregation=seq_mean_token_sum_norm" \
   --arm="loo=rl.estimator=loo" \
@@ -30,4 +31,11 @@ exec .venv/bin/python -m experiments.compare --root=runs/study --out=$OUT --seed
   --contrast=pairing_wgrpo,variance_grpo --contrast=variance_grpo,dapo \
   --contrast=gspo,grpo_lr1e4 --contrast=pba,grpo_lr1e4 --contrast=loo_gspo_dapo,grpo_lr1e4 \
   --contrast=loo_gspo,loo --contrast=loo_gspo,gspo --contrast=loo_gspo_dapo,loo_gspo \
-  --contrast=pba_charged,pba --contrast=pba8_charged,pba "$@"
+  --contrast=pba_charged,pba --contrast=pba8_charged,pba "$@" || exit
+# The arms behind C2 and C3 and their baseline on two more seeds: a 5-seed table in seeds5/.
+exec .venv/bin/python -m experiments.compare --root=runs/study --out=$OUT/seeds5 --seeds=0,1,2,3,4 \
+  "${COMMON[@]}" --arm=grpo \
+  --arm="pba=rl.anchor.polarity=above rl.anchor.weight=0.1" \
+  --arm="maxrl=rl.estimator=maxrl" \
+  --arm="curverl=rl.estimator=curverl" \
+  --contrast=curverl,maxrl "$@"
