@@ -44,6 +44,7 @@ import numpy as np
 
 from jaxrl_vr import advantages, passk
 from jaxrl_vr.registry import Entry, NoSettings, Registry
+from jaxrl_vr.selection.pairing import PAIRED_SELECTIONS
 
 __all__ = ["ESTIMATORS", "Entry", "Estimator", "EstimatorContext", "make_estimator",
            "needs_groups", "stateless"]
@@ -189,11 +190,16 @@ class PairWeightedSettings:
         if getattr(rl, "pairing", None) is None:
             raise ValueError("rl.estimator.name='pair_weighted' normalises (q+, q-) prompt pairs: "
                              "switch pairing on (set a key of rl.pairing, e.g. rl.pairing.neg_c=2).")
-        if getattr(rl.pairing, "select", "pairs") == "variance":
+        if getattr(rl.pairing, "select", "pairs") not in PAIRED_SELECTIONS:
             raise ValueError(f"rl.estimator.name='pair_weighted' weights (q+, q-) pairs, but "
                              f"rl.pairing.select={rl.pairing.select!r} forms none (every row would get plain "
                              "GRPO); use rl.estimator=grpo for the variance baseline, or rl.pairing.select=pairs "
                              "(or random_pairs).")
+        if (getattr(rl.pairing, "select", "pairs") == "random_pairs" and self.scope == "group"
+                and self.neg_weight == self.pos_weight == 1.0):
+            raise ValueError("rl.pairing.select='random_pairs' with unit pair weights and scope='group' is GRPO on "
+                             "the data order (every row gets its group's z-score); set rl.estimator.neg_weight "
+                             "(or pos_weight) != 1 for the ablation of Weighted GRPO without the pairing.")
 
 
 def _pair_weighted(settings: PairWeightedSettings, context: EstimatorContext) -> Estimator:

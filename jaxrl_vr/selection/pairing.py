@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 import numpy as np
 
 __all__ = [
+    "PAIRED_SELECTIONS",
     "PAIRING_SELECTIONS",
     "PairPools",
     "PairedPromptSource",
@@ -44,6 +45,7 @@ __all__ = [
 
 _EPS = 1e-9  # rates are ratios of counts; compare band edges with a tiny tolerance
 PAIRING_SELECTIONS = ("pairs", "variance", "random_pairs")
+PAIRED_SELECTIONS = ("pairs", "random_pairs")  # the selections that mark (2i, 2i + 1) pairs
 
 
 class PairPools(NamedTuple):
@@ -292,10 +294,10 @@ class PairedPromptSource:
             raise ValueError(f"select must be one of {PAIRING_SELECTIONS}, got {select!r}.")
         fixed_prompts = int(fixed_prompts)
         if fixed_prompts < 0 or (fixed_prompts and int(prompts_per_step) % fixed_prompts) or (
-                select != "variance" and fixed_prompts % 2):
+                select in PAIRED_SELECTIONS and fixed_prompts % 2):
             raise ValueError(
                 f"fixed_prompts={fixed_prompts} must be 0 (off) or a divisor of prompts_per_step="
-                f"{prompts_per_step}" + (", and even (pairs)" if select != "variance" else "") + ".")
+                f"{prompts_per_step}" + (", and even (pairs)" if select in PAIRED_SELECTIONS else "") + ".")
         # Validates the bands once, before any step.
         pairing_pools(np.zeros(1), np.zeros(1), group_size=group_size, neg_c=neg_c,
                       pos_max=pos_max, pos_min=pos_min)
@@ -414,7 +416,7 @@ class PairedPromptSource:
                     "or calibrate more prompts.")
             self.fixed_idx = np.asarray(chosen, np.int64)
         repeats = self.prompts_per_step // size
-        is_pair = self.select != "variance"
+        is_pair = self.select in PAIRED_SELECTIONS
         self.num_draws += 1
         return PromptChoice(np.tile(self.fixed_idx, repeats), np.full(self.prompts_per_step, is_pair),
                             self.prompts_per_step // 2 if is_pair else 0)

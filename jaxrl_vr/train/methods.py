@@ -23,7 +23,7 @@ import numpy as np
 from jaxrl_vr.hooks import Calibration, Hook
 from jaxrl_vr.registry import Entry, Registry
 from jaxrl_vr.selection.anchor import POLARITIES, anchor_mask
-from jaxrl_vr.selection.pairing import PAIRING_SELECTIONS, PairedPromptSource, PairedSource, tracker_rates
+from jaxrl_vr.selection.pairing import PAIRED_SELECTIONS, PAIRING_SELECTIONS, PairedPromptSource, PairedSource, tracker_rates
 from jaxrl_vr.selection.tracker import PromptTracker
 from jaxrl_vr.trajectory import Trajectory
 
@@ -136,7 +136,7 @@ class PairingSettings:
             raise ValueError(f"strategy={self.strategy!r} is not one of {PAIRING_STRATEGIES}.")
         if self.select not in PAIRING_SELECTIONS:
             raise ValueError(f"select={self.select!r} is not one of {PAIRING_SELECTIONS}.")
-        if self.fixed_prompts < 0 or (self.select != "variance" and self.fixed_prompts % 2):
+        if self.fixed_prompts < 0 or (self.select in PAIRED_SELECTIONS and self.fixed_prompts % 2):
             raise ValueError(f"fixed_prompts={self.fixed_prompts} must be 0 (off) or a positive number of "
                              "prompts (even unless select='variance': whole pairs).")
         if not 0.0 <= self.pos_min < self.pos_max <= 1.0:
@@ -154,6 +154,10 @@ class PairingSettings:
         if not (rl.samples_per_prompt >= 2 and 1 <= self.neg_c <= rl.samples_per_prompt):
             raise ValueError(f"rl.pairing needs rl.samples_per_prompt >= 2 and 1 <= rl.pairing.neg_c <= "
                              f"rl.samples_per_prompt; got {rl.samples_per_prompt}, {self.neg_c}.")
+        if self.select == "random_pairs" and rl.estimator.name != "pair_weighted":
+            raise ValueError(f"rl.pairing.select='random_pairs' marks pairs that only Weighted GRPO reads; with "
+                             f"rl.estimator={rl.estimator.name!r} the batch is the plain data order. Use "
+                             "rl.estimator=pair_weighted (with rl.estimator.neg_weight != 1).")
         if rl.batch_strategy.name != "plain":
             raise ValueError(f"rl.pairing chooses both prompts of a pair; it cannot be combined with "
                              f"rl.batch_strategy={rl.batch_strategy.name!r}, which drops or shrinks "
@@ -164,7 +168,7 @@ class PairingSettings:
                 raise ValueError(f"rl.pairing.fixed_prompts={self.fixed_prompts} repeats its set to fill "
                                  f"each batch, so rl.prompts_per_step={num_p} must be a multiple of it.")
             return
-        need = 1 if self.select == "variance" else 2  # rows a pair (or a variance pick) needs
+        need = 2 if self.select in PAIRED_SELECTIONS else 1  # rows a pair (or a variance pick) needs
         explore = int(np.ceil(self.explore_frac * num_p - 1e-9))
         if num_p - explore < need:
             fits = [p for p in range(num_p, 8 * num_p + 8, 2)  # P stays even (pairing's check)

@@ -120,7 +120,13 @@ def test_pairing_that_can_form_no_pair_is_a_config_error_naming_the_fix():
         validate(cfg(prompts_per_step=6, pairing={"fixed_prompts": 4}))
     with pytest.raises(ValueError, match="rl.estimator=grpo"):
         validate(cfg(prompts_per_step=4, pairing={"select": "variance"}, estimator="pair_weighted"))
-    validate(cfg(prompts_per_step=4, pairing={"select": "random_pairs"}, estimator="pair_weighted"))
+    validate(cfg(prompts_per_step=4, pairing={"select": "random_pairs"},
+                 estimator={"name": "pair_weighted", "neg_weight": 2.0}))
+    # Random pairs change nothing unless Weighted GRPO reads them with non-unit weights.
+    with pytest.raises(ValueError, match="only Weighted GRPO reads"):
+        validate(cfg(prompts_per_step=4, pairing={"select": "random_pairs"}))
+    with pytest.raises(ValueError, match="neg_weight"):
+        validate(cfg(prompts_per_step=4, pairing={"select": "random_pairs"}, estimator="pair_weighted"))
     with pytest.raises(ValueError, match="even"):
         validate(cfg(prompts_per_step=4, pairing={"select": "random_pairs", "fixed_prompts": 1}))
 
