@@ -159,7 +159,9 @@ class RLTrainer:
                      f"{p.checkpoints.directory}")
         writer = MetricsWriter(p.workdir, tensorboard=p.cfg.run.tensorboard,
                                resume_step=start if start > 0 else None)
-        bar = ProgressBar(p.cfg.rl.steps, initial=start, disable=not p.cfg.run.progress)
+        budget = p.cfg.rl.budget
+        bar = ProgressBar(p.cfg.rl.steps, initial=start, disable=not p.cfg.run.progress,
+                          budget_tokens=budget.tokens, budget_initial=self.budget.charged(budget.include_calibration))
         rows, stop = [], []
         handlers = catch_signals(stop)
         try:
@@ -172,7 +174,8 @@ class RLTrainer:
                 scalars = writer.write(done, row)
                 rows.append({"step": done, **scalars})
                 bar.update(scalars, keys=("reward", "pass_rate", "kl") + (
-                    ("verifier_errors",) if scalars.get("verifier_errors") else ()))
+                    ("verifier_errors",) if scalars.get("verifier_errors") else ()),
+                    charged=self.budget.charged(budget.include_calibration))
                 p.checkpoints.after_step(done, final=done == end or self.budget_spent() or bool(stop),
                                          snapshot=lambda: self.snapshot(done), spent=self.budget)
                 if on_step is not None:

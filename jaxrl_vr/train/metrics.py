@@ -136,8 +136,16 @@ class ProgressBar:
 
         rl step 120/1000 (12%) | 0.85 step/s | ETA 17m15s | elapsed 2m21s | reward 0.412 kl 0.001 tok/s 1234
 
+    A run that stops at a token budget before ``total`` steps says so: given ``budget_tokens``
+    and each step's charged tokens, the total becomes the step at which the budget runs out
+    at the rate so far (never more than ``total``), marked "~", with the budget's share spent::
+
+        rl step 6/~24 (25%) | 0.054 step/s | ETA 5m32s | elapsed 1m50s | budget 25% | reward 0.266
+
     Args:
       total: number of steps; initial: steps already done (resume).
+      budget_tokens: the run's token budget (0 = none); budget_initial: tokens charged
+        before the first step here (resume, or a charged calibration).
       desc: label. unit: what a step is called ("chunk" for evaluation). disable: no output.
       file: the stream (default sys.stderr).
       every_steps, every_s: plain-line interval (non-TTY only).
@@ -158,6 +166,8 @@ class ProgressBar:
         every_s: float = 30.0,
         tty: bool | None = None,
         clock=time.monotonic,
+        budget_tokens: float = 0.0,
+        budget_initial: float = 0.0,
     ):
         if every_steps < 1 or every_s <= 0:
             raise ValueError(f"every_steps ({every_steps}) must be >= 1 and every_s ({every_s}) > 0.")
@@ -165,6 +175,9 @@ class ProgressBar:
         self._disable = disable
         self._plain = not disable and not (_isatty(self._file) if tty is None else tty)
         self._total, self._initial, self._desc, self._unit = int(total), int(initial), desc, unit
+        self._steps = self._total  # the configured number of steps (the total, unless a budget ends first)
+        self._budget, self._charged0 = float(budget_tokens), float(budget_initial)
+        self._charged = self._charged0
         self._every_steps, self._every_s = int(every_steps), float(every_s)
         self._clock = clock
         self._start = clock()
@@ -187,16 +200,24 @@ class ProgressBar:
                 unit=unit,
             )
 
-    def update(self, scalars: Mapping[str, float], *, keys=("reward", "pass_rate", "kl")) -> None:
+    def update(self, scalars: Mapping[str, float], *, keys=("reward", "pass_rate", "kl"),
+               charged: float | None = None) -> None:
+        """One step done; ``charged``: tokens charged to the budget so far (with ``budget_tokens``)."""
         self._tokens += scalars.get("generated_tokens", 0.0)
         self._done += 1
         now = self._clock()
         elapsed = max(now - self._start, 1e-9)
-        post = {k: f"{scalars[k]:.3f}" for k in keys if k in scalars}
+        post = {}
+        if self._budget > 0 and charged is not None:
+            self._charged = float(charged)
+            self._total = self._budget_total()
+            post["budget"] = f"{min(self._charged / self._budget, 1.0):.0%}"
+        post.update({k: f"{scalars[k]:.3f}" for k in keys if k in scalars})
         if self._tokens:  # evaluation chunks report no tokens
             post["tok/s"] = f"{self._tokens / elapsed:.0f}"
         self._post = post
         if self._bar is not None:
+            self._bar.total = self._total
             self._bar.set_postfix(post, refresh=False)
             self._bar.update(1)
         elif self._plain and (
@@ -205,6 +226,15 @@ class ProgressBar:
             or self._done >= self._total
         ):
             self._print_line(now)
+
+    def _budget_total(self) -> int:
+        """The step at which the budget runs out at this run's tokens per step (<= the steps)."""
+        steps, spent = self._done - self._initial, self._charged - self._charged0
+        if self._charged >= self._budget:
+            return self._done
+        if steps <= 0 or spent <= 0:
+            return self._steps
+        return min(self._steps, self._done + math.ceil((self._budget - self._charged) * steps / spent))
 
     def line(self, now: float | None = None) -> str:
         """The plain progress line for the steps done so far."""
@@ -215,8 +245,9 @@ class ProgressBar:
         eta = remaining / rate if rate > 0 else (0.0 if remaining == 0 else math.inf)
         percent = 100.0 * self._done / self._total if self._total else 100.0
         post = " ".join(f"{k} {v}" for k, v in self._post.items())
+        total = f"~{self._total}" if self._total != self._steps else f"{self._total}"
         return (
-            f"{self._desc} {self._unit} {self._done}/{self._total} ({percent:.0f}%) | "
+            f"{self._desc} {self._unit} {self._done}/{total} ({percent:.0f}%) | "
             f"{rate:.3g} {self._unit}/s | "
             f"ETA {_duration(eta)} | elapsed {_duration(elapsed)}" + (f" | {post}" if post else "")
         )

@@ -56,6 +56,34 @@ def test_non_tty_prints_every_s_seconds_when_steps_are_slow():
     assert len(stream.getvalue().splitlines()) == 2  # step 504 already printed
 
 
+def test_a_token_budget_sets_the_total_to_the_step_it_runs_out_and_the_eta_with_it():
+    stream, clock = io.StringIO(), FakeClock()
+    # 5000 steps configured, a 10,000-token budget of which a calibration charged 1,000; 300 per step.
+    bar = ProgressBar(5000, file=stream, every_steps=5, every_s=1e9, clock=clock, budget_tokens=10_000,
+                      budget_initial=1_000)
+    charged = 1_000.0
+    for _ in range(30):
+        clock.now += 2.0
+        charged += 300.0
+        bar.update({"reward": 0.5, "generated_tokens": 300.0}, charged=charged)
+        if charged >= 10_000:
+            break
+    bar.close()
+    lines = stream.getvalue().splitlines()
+    # After 5 steps 2,500 tokens are charged: 7,500 more at 300 per step is 25 steps, 30 in all.
+    assert lines[0] == "rl step 5/~30 (17%) | 0.5 step/s | ETA 50s | elapsed 10s | budget 25% reward 0.500 tok/s 150"
+    assert lines[-1].startswith("rl step 30/~30 (100%)") and "ETA 0s" in lines[-1] and "budget 100%" in lines[-1]
+
+
+def test_without_a_budget_the_total_is_the_configured_steps():
+    stream, clock = io.StringIO(), FakeClock()
+    bar = ProgressBar(10, file=stream, every_steps=10, clock=clock)
+    for _ in range(10):
+        clock.now += 1.0
+        bar.update({"reward": 0.5}, charged=123.0)  # ignored: no budget
+    assert stream.getvalue().startswith("rl step 10/10 (100%)")
+
+
 def test_close_prints_the_last_step_of_an_interrupted_run():
     stream, clock = io.StringIO(), FakeClock()
     bar = ProgressBar(100, file=stream, every_steps=10, clock=clock)
