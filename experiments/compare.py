@@ -163,9 +163,11 @@ def train_command(arm: Arm, seed: int, workdir: str, token_budget: int | None,
     return cmd
 
 
-def evaluate_command(workdir: str, num_samples: int, checkpoint: str = "final") -> list[str]:
+def evaluate_command(workdir: str, num_samples: int, checkpoint: str = "final",
+                     responses_per_call: int = 0) -> list[str]:
     return [sys.executable, "-m", "experiments.evaluate", f"--workdir={workdir}", f"--checkpoint={checkpoint}",
-            f"--num_samples={num_samples}", "--noprogress"]
+            f"--num_samples={num_samples}", "--noprogress"] + (
+                [f"--responses_per_call={responses_per_call}"] if responses_per_call else [])
 
 
 def _load_evaluation(workdir: str, num_samples: int, label: str = "final") -> dict | None:

@@ -43,6 +43,9 @@ def define_flags() -> None:
     flags.DEFINE_integer(
         "max_chunks", None, "Stop after this many new chunks (time-slicing; rerun to continue)."
     )
+    flags.DEFINE_integer(
+        "responses_per_call", 0, "Responses per sampler call (memory against speed); 0 = the run's "
+        "eval.prompts_per_chunk x eval.num_samples. Part of the evaluation's fingerprint.")
     flags.DEFINE_bool("progress", True, "Show a progress bar.")
 
 
@@ -79,13 +82,18 @@ def sample_run(
     max_chunks: int | None = None,
     progress: bool = False,
     desc: str = "eval",
+    responses_per_call: int = 0,
 ) -> tuple[PolicyEval, str]:
-    """Resumable n-sample evaluation of ``run``'s policy; (result, fingerprint digest)."""
+    """Resumable n-sample evaluation of ``run``'s policy; (result, fingerprint digest).
+
+    ``responses_per_call`` sizes the sampler calls (0 = the run's ``eval.prompts_per_chunk *
+    eval.num_samples``, the size its own evaluations used); the samples depend on it.
+    """
     cfg = run.config
     layout = eval_layout(
         len(run.eval_items),
         num_samples,
-        responses_per_call=max(1, cfg.eval.prompts_per_chunk * cfg.eval.num_samples),
+        responses_per_call=responses_per_call or max(1, cfg.eval.prompts_per_chunk * cfg.eval.num_samples),
     )
     fingerprint = {
         "version": 1,
@@ -158,6 +166,7 @@ def evaluate_run(
     max_chunks: int | None = None,
     progress: bool = False,
     log: Callable[[str], None] = print,
+    responses_per_call: int = 0,
 ) -> dict | None:
     """Evaluates ``checkpoint`` of the run in ``workdir`` (and the base, if needed).
 
@@ -169,13 +178,16 @@ def evaluate_run(
     """
     if num_samples < 1:
         raise ValueError(f"--num_samples must be >= 1, got {num_samples}.")
+    if responses_per_call < 0:
+        raise ValueError(f"--responses_per_call must be >= 0 (0 = the run's eval settings), got {responses_per_call}.")
     label = _label(checkpoint)
     is_base = label == "base"
     run = run_io.load_run(workdir, label)
     out_dir = output_dir(workdir, label, sample_seed)
     budget = max_chunks
     result, digest = sample_run(run, is_base=is_base, num_samples=num_samples, sample_seed=sample_seed,
-                                out_dir=out_dir, max_chunks=budget, progress=progress, desc=label)
+                                out_dir=out_dir, max_chunks=budget, progress=progress, desc=label,
+                                responses_per_call=responses_per_call)
     if budget is not None:
         budget = max(0, budget - result.chunks_computed)
 
@@ -184,7 +196,7 @@ def evaluate_run(
         base_run = run if is_base else run_io.load_run(workdir, "base")
         base_result, base_digest = sample_run(base_run, is_base=True, num_samples=num_samples, sample_seed=0,
                                               out_dir=base_dir, max_chunks=budget, progress=progress,
-                                              desc="base")
+                                              desc="base", responses_per_call=responses_per_call)
     if not result.complete or (base_result is not None and not base_result.complete):
         done = result.chunks_done + (base_result.chunks_done if base_result else 0)
         total = result.num_chunks + (base_result.num_chunks if base_result else 0)
@@ -247,6 +259,7 @@ def main(argv):
             sample_seed=flags.FLAGS.sample_seed,
             max_chunks=flags.FLAGS.max_chunks,
             progress=flags.FLAGS.progress,
+            responses_per_call=flags.FLAGS.responses_per_call,
         )
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
