@@ -75,6 +75,8 @@ def define_flags() -> None:
     flags.DEFINE_integer("num_samples", 256, "n samples per prompt of each evaluation.")
     flags.DEFINE_string("common", "", "key=value overrides applied to every arm (space-separated).")
     flags.DEFINE_list("budget_fractions", [], "Also evaluate at these fractions of the token budget.")
+    flags.DEFINE_integer("eval_responses_per_call", 0, "experiments.evaluate --responses_per_call (0 = each run's "
+                         "eval.prompts_per_chunk x eval.num_samples).")
     flags.DEFINE_integer("jobs", 1, "Runs trained / evaluated at the same time (one process each).")
     flags.DEFINE_multi_string("contrast", [], "A,B: also report paired differences A − B (repeatable).")
     flags.DEFINE_bool("share_base", True, "Copy a seed's SFT base and base evaluations between arms.")
@@ -263,6 +265,7 @@ def run_grid(
     budget_fractions: Sequence[float] = (),
     jobs: int = 1,
     share_base: bool = False,
+    responses_per_call: int = 0,
     runner: Callable[[list[str], str], None] = _subprocess,
     log: Callable[[str], None] = print,
 ) -> None:
@@ -293,12 +296,14 @@ def run_grid(
             cond.notify_all()
         if _load_evaluation(workdir, num_samples) is None:
             log(f"[compare] evaluate {job.arm.name} seed {job.seed} (n = {num_samples})")
-            runner(evaluate_command(workdir, num_samples), logs + "-evaluate.log")
+            runner(evaluate_command(workdir, num_samples, responses_per_call=responses_per_call),
+                   logs + "-evaluate.log")
         for fraction, mark in sorted(_fraction_marks(workdir, budget_fractions).items()):
             step = int(mark["step"])
             if _load_evaluation(workdir, num_samples, str(step)) is None:
                 log(f"[compare] evaluate {job.arm.name} seed {job.seed} at {fraction:g} of the budget (step {step})")
-                runner(evaluate_command(workdir, num_samples, str(step)), logs + f"-evaluate-{step}.log")
+                runner(evaluate_command(workdir, num_samples, str(step), responses_per_call),
+                       logs + f"-evaluate-{step}.log")
 
     def worker() -> None:
         while True:
@@ -800,12 +805,14 @@ def main(argv):
             for seed in seeds:
                 workdir = run_dir(fl.root, arm.name, seed)
                 print(" ".join(train_command(arm, seed, workdir, settings.token_budget, fractions)))
-                print(" ".join(evaluate_command(workdir, settings.num_samples)))
+                print(" ".join(evaluate_command(workdir, settings.num_samples,
+                                                responses_per_call=fl.eval_responses_per_call)))
         return 0
     if not fl.report_only:
         try:
             run_grid(fl.root, arms, seeds, token_budget=settings.token_budget, num_samples=settings.num_samples,
-                     budget_fractions=fractions, jobs=fl.jobs, share_base=fl.share_base)
+                     budget_fractions=fractions, jobs=fl.jobs, share_base=fl.share_base,
+                     responses_per_call=fl.eval_responses_per_call)
         except RuntimeError as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
