@@ -1,5 +1,6 @@
 """experiments.evaluate and experiments.compare on one smoke run (built once per session)."""
 
+import glob
 import json
 import os
 import shutil
@@ -67,6 +68,24 @@ def test_interrupted_evaluation_resumes_to_the_same_result(smoke_run, tmp_path):
     fresh = evaluate_cli.evaluate_run(workdir, "final", num_samples=8, log=lambda s: None)
     assert _strip(resumed) == _strip(fresh)
     assert os.path.isfile(os.path.join(workdir, "eval", "base", "evaluation.json"))  # base done too
+
+
+def test_responses_per_call_sizes_the_chunks_and_is_part_of_the_fingerprint(smoke_run, tmp_path):
+    workdir = str(tmp_path / "run")
+    shutil.copytree(smoke_run, workdir)
+    # 8 responses per call at n = 8: one prompt per chunk, so one chunk leaves the rest to do.
+    assert evaluate_cli.evaluate_run(workdir, "final", num_samples=8, max_chunks=1, responses_per_call=8,
+                                     log=lambda s: None) is None
+    [meta_path] = glob.glob(os.path.join(workdir, "eval", "final", "partial", "*", "meta.json"))
+    with open(meta_path) as f:
+        assert json.load(f)["layout"][:2] == [1, 8]
+    small = evaluate_cli.evaluate_run(workdir, "final", num_samples=8, responses_per_call=8, log=lambda s: None)
+    default = evaluate_cli.evaluate_run(workdir, "final", num_samples=8, log=lambda s: None)
+    assert small["n"] == default["n"] == 8 and small["fingerprint"] != default["fingerprint"]
+    with pytest.raises(ValueError, match="responses_per_call"):
+        evaluate_cli.evaluate_run(workdir, "final", num_samples=8, responses_per_call=-1)
+    assert compare.evaluate_command("w", 64, responses_per_call=512)[-1] == "--responses_per_call=512"
+    assert not any("responses_per_call" in c for c in compare.evaluate_command("w", 64))
 
 
 def test_unchanged_policy_is_reported_as_noise(smoke_run, tmp_path):
