@@ -348,6 +348,18 @@ def _last_rows_mean(workdir: str, key: str, count: int = 10) -> float | None:
     return float(sum(rows[-count:]) / len(rows[-count:])) if rows else None
 
 
+def _reference_kl_logged(workdir: str) -> bool:
+    """Whether the run's "kl" metric is the KL to the base: it held the reference policy (a KL
+    term in the loss, PBA's anchored KL, or ``rl.log_reference_kl``). Without it the trainer's
+    "kl" is measured against the behaviour policy (``train.batch``) and says nothing about
+    how far the run moved from the base."""
+    try:
+        cfg = run_io.read_config(workdir)
+    except (run_io.RunNotFoundError, FileNotFoundError, ValueError):
+        return True  # a run folder without its config (older evidence): as recorded
+    return cfg.loss.kl_beta > 0 or getattr(cfg.rl, "anchor", None) is not None or bool(cfg.rl.log_reference_kl)
+
+
 def _run_metrics(evaluation: Mapping[str, Any], stats: run_io.RunStats,
                  workdir: str | None = None) -> dict[str, float | None]:
     """The per-run numbers of the table (one row per metric)."""
@@ -375,7 +387,8 @@ def _run_metrics(evaluation: Mapping[str, Any], stats: run_io.RunStats,
     out["newly_solved_expected_by_chance"] = evaluation.get("newly_solved_expected_by_chance")
     # How far each policy moved, and how many updates it took: a method that loses less
     # coverage while moving less, or with fewer optimizer steps, is not the same finding.
-    out["KL to base (last 10 steps)"] = None if workdir is None else _last_rows_mean(workdir, "kl")
+    out["KL to base (last 10 steps)"] = (_last_rows_mean(workdir, "kl")
+                                         if workdir is not None and _reference_kl_logged(workdir) else None)
     out["rl_steps"] = stats.rl_steps
     out["generated_tokens"] = stats.generated_tokens
     out["calibration_tokens"] = stats.calibration_tokens  # PBA / pairing passes before RL

@@ -23,7 +23,8 @@ def _sections(markdown: str) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("study, runs", [("passk_study", "passk_study/runs"), ("study", "study/runs"),
-                                         ("study/seeds5", "study/runs")])
+                                         ("study/seeds5", "study/runs"), ("study/c4_weights", "study/runs"),
+                                         ("smollm2_study", "smollm2_study/runs")])
 def test_a_committed_study_regenerates_its_tables(study, runs, tmp_path):
     folder = os.path.join(REPO, "experiments", "results", study)
     settings = compare.recorded_settings(os.path.join(folder, "compare.json"))
@@ -48,7 +49,7 @@ def _study_tables(folder: str) -> list[str]:
     return tables
 
 
-@pytest.mark.parametrize("study", ["passk_study", "study"])
+@pytest.mark.parametrize("study", ["passk_study", "study", "smollm2_study"])
 def test_every_table_row_a_study_readme_quotes_is_a_row_of_its_tables(study):
     # Under the section of the same title, or (for the summary tables) anywhere in them.
     folder = os.path.join(REPO, "experiments", "results", study)
@@ -99,7 +100,7 @@ def test_quoted_number_check_catches_a_stale_interval():
     assert quoted_numbers_not_in_tables("0.312 ± 0.010", tables) == ["0.312 ± 0.010"]
 
 
-@pytest.mark.parametrize("study", ["passk_study", "study"])
+@pytest.mark.parametrize("study", ["passk_study", "study", "smollm2_study"])
 def test_every_interval_a_study_readme_quotes_is_in_its_tables(study):
     folder = os.path.join(REPO, "experiments", "results", study)
     with open(os.path.join(folder, "README.md")) as f:

@@ -353,3 +353,30 @@ def test_compare_checks_every_arm_before_any_run(tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--arm=b" in proc.stderr and "rl.advantag" in proc.stderr
     assert not (tmp_path / "r").exists()  # nothing trained
+
+
+def test_kl_to_base_is_reported_only_for_runs_that_held_the_reference(tmp_path):
+    """Without a reference policy the trainer's "kl" is to the behaviour policy: compare shows
+    no KL to base for such a run rather than a number that looks like one."""
+    def run_with(**rl_loss):
+        tree = default_config.get_config("smoke").to_dict()
+        tree["rl"]["log_reference_kl"] = rl_loss.get("log_reference_kl", False)
+        tree.setdefault("loss", {})["kl_beta"] = rl_loss.get("kl_beta", 0.0)
+        if rl_loss.get("anchor"):
+            tree["rl"]["anchor"] = {"polarity": "above"}
+        workdir = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        workdir.mkdir()
+        (workdir / "config.json").write_text(json.dumps(PipelineConfig.from_dict(tree).to_dict()))
+        with open(workdir / "metrics.jsonl", "w") as f:
+            f.write(json.dumps({"step": 1, "kl": 0.25}) + "\n")
+        return str(workdir)
+
+    assert not compare._reference_kl_logged(run_with())
+    assert compare._reference_kl_logged(run_with(log_reference_kl=True))
+    assert compare._reference_kl_logged(run_with(kl_beta=0.01))
+    assert compare._reference_kl_logged(run_with(anchor=True))
+    evaluation = {"n": 2, "pass_at_k": {"1": 0.5, "2": 0.75},
+                  "regimes": {name: {"count": 0} for name in compare.passk.REGIMES}}
+    stats = run_io.RunStats(*([0] * len(run_io.RunStats._fields)))
+    assert compare._run_metrics(evaluation, stats, run_with())["KL to base (last 10 steps)"] is None
+    assert compare._run_metrics(evaluation, stats, run_with(kl_beta=0.01))["KL to base (last 10 steps)"] == 0.25

@@ -1,8 +1,9 @@
 #!/bin/bash
 # The C1-C5 study (issues 10, 39): 15 arms x 3 seeds at 400k generated tokens each, n = 256 final
 # and half-budget evaluation, the same 80 held-out prompts for every seed (the default); then
-# grpo, pba, maxrl and curverl on seeds 3 and 4 (seeds5/). Resumable: complete runs are not
-# re-run. About 125 min on 2 CPU cores with --jobs=2.
+# grpo, pba, maxrl and curverl on seeds 3 and 4 (seeds5/); then Weighted GRPO at lambda_neg = 2 with
+# and without the q+/q- pairing (c4_weights/). Resumable: complete runs are not re-run. About
+# 140 min on 2 CPU cores with --jobs=2.
 # Extra flags are passed on, e.g. --report_only --collect_evidence=experiments/results/study/runs
 # once the runs are done, or --report_only --root=experiments/results/study/runs to rebuild the
 # tables from the committed per-run files alone.
@@ -33,9 +34,17 @@ COMMON=(--config=experiments/configs/default.py --token_budget=400000 --num_samp
   --contrast=loo_gspo,loo --contrast=loo_gspo,gspo --contrast=loo_gspo_dapo,loo_gspo \
   --contrast=pba_charged,pba --contrast=pba8_charged,pba "$@" || exit
 # The arms behind C2 and C3 and their baseline on two more seeds: a 5-seed table in seeds5/.
-exec .venv/bin/python -m experiments.compare --root=runs/study --out=$OUT/seeds5 --seeds=0,1,2,3,4 \
+.venv/bin/python -m experiments.compare --root=runs/study --out=$OUT/seeds5 --seeds=0,1,2,3,4 \
   "${COMMON[@]}" --arm=grpo \
   --arm="pba=rl.anchor.polarity=above rl.anchor.weight=0.1" \
   --arm="maxrl=rl.estimator=maxrl" \
   --arm="curverl=rl.estimator=curverl" \
-  --contrast=curverl,maxrl "$@"
+  --contrast=curverl,maxrl "$@" || exit
+# C4's decomposition where Weighted GRPO's weights act (lambda_neg = 2; at 1 they are GRPO's
+# z-scores): with the q+/q- pairing (wgrpo2), and on data-order pairs without it (wgrpo2_random).
+exec .venv/bin/python -m experiments.compare --root=runs/study --out=$OUT/c4_weights --seeds=0,1,2 \
+  "${COMMON[@]}" --arm=grpo \
+  --arm="pairing_wgrpo=rl.pairing=on rl.estimator=pair_weighted" \
+  --arm="wgrpo2=rl.pairing=on rl.estimator=pair_weighted rl.estimator.neg_weight=2" \
+  --arm="wgrpo2_random=rl.pairing.select=random_pairs rl.estimator=pair_weighted rl.estimator.neg_weight=2" \
+  --contrast=wgrpo2,pairing_wgrpo --contrast=wgrpo2,wgrpo2_random "$@"
