@@ -140,7 +140,7 @@ class ProgressBar:
     and each step's charged tokens, the total becomes the step at which the budget runs out
     at the rate so far (never more than ``total``), marked "~", with the budget's share spent::
 
-        rl step 6/~24 (25%) | 0.054 step/s | ETA 5m32s | elapsed 1m50s | budget 25% | reward 0.266
+        rl step 6/~24 (25%) | 0.054 step/s | ETA 5m32s | elapsed 1m50s | budget 25% reward 0.266
 
     Args:
       total: number of steps; initial: steps already done (resume).
