@@ -58,6 +58,7 @@ from experiments.config_files import build_config, split_override
 from jaxrl_vr import eval as eval_lib
 from jaxrl_vr import layout, passk
 from jaxrl_vr.atomic import write_text
+from jaxrl_vr.train import parts as train_parts
 from jaxrl_vr.train import run_io
 from jaxrl_vr.train.config import validate
 
@@ -302,7 +303,7 @@ def run_grid(
             step = int(mark["step"])
             if _load_evaluation(workdir, num_samples, str(step)) is None:
                 log(f"[compare] evaluate {job.arm.name} seed {job.seed} at {fraction:g} of the budget (step {step})")
-                runner(evaluate_command(workdir, num_samples, str(step), responses_per_call),
+                runner(evaluate_command(workdir, num_samples, str(step), responses_per_call=responses_per_call),
                        logs + f"-evaluate-{step}.log")
 
     def worker() -> None:
@@ -349,15 +350,14 @@ def _last_rows_mean(workdir: str, key: str, count: int = 10) -> float | None:
 
 
 def _reference_kl_logged(workdir: str) -> bool:
-    """Whether the run's "kl" metric is the KL to the base: it held the reference policy (a KL
-    term in the loss, PBA's anchored KL, or ``rl.log_reference_kl``). Without it the trainer's
-    "kl" is measured against the behaviour policy (``train.batch``) and says nothing about
-    how far the run moved from the base."""
+    """Whether the run's "kl" metric is the KL to the base (``parts.needs_reference`` of its
+    config's methods); otherwise it is to the behaviour policy and says nothing about how far
+    the run moved from the base."""
     try:
         cfg = run_io.read_config(workdir)
     except (run_io.RunNotFoundError, FileNotFoundError, ValueError):
         return True  # a run folder without its config (older evidence): as recorded
-    return cfg.loss.kl_beta > 0 or getattr(cfg.rl, "anchor", None) is not None or bool(cfg.rl.log_reference_kl)
+    return train_parts.needs_reference(cfg, train_parts.method_hook_types(cfg))
 
 
 def _run_metrics(evaluation: Mapping[str, Any], stats: run_io.RunStats,

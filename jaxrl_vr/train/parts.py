@@ -26,14 +26,14 @@ from jaxrl_vr.selection.tracker import PromptTracker
 from jaxrl_vr.train import step as step_lib
 from jaxrl_vr.train.batch import build_batch, rollout_batch
 from jaxrl_vr.train.config import PipelineConfig
-from jaxrl_vr.train.methods import MethodContext, make_methods
+from jaxrl_vr.train.methods import METHODS, MethodContext, make_methods
 from jaxrl_vr.train.rollout import (RewardShaper, RolloutDump, RoundSampler, RoundScorer, SamplingConfig,
                                     VerifierMonitor, encode_episode_prompts, episode_runner, make_scorer)
 from jaxrl_vr.train.saving import RunCheckpoints
 from jaxrl_vr.train.update import LoopState, make_update, rl_seed, update_on_batch
 from jaxrl_vr.trajectory import Trajectory
 
-__all__ = ["Parts", "build_parts"]
+__all__ = ["Parts", "build_parts", "kl_in_loss", "needs_reference", "method_hook_types"]
 
 
 class Parts(NamedTuple):
@@ -55,6 +55,22 @@ class Parts(NamedTuple):
     update: Callable[[step_lib.TrainState, Trajectory, int], tuple[step_lib.TrainState, dict]]
     checkpoints: RunCheckpoints
     close: Callable[[], None]
+
+
+def kl_in_loss(cfg: PipelineConfig, hooks: Sequence[Any]) -> bool:
+    """The loss has its KL term: β > 0, or a hook (PBA's anchor) sets per-prompt KL weights."""
+    return cfg.loss.kl_beta > 0 or any(getattr(hook, "sets_kl_weights", False) for hook in hooks)
+
+
+def needs_reference(cfg: PipelineConfig, hooks: Sequence[Any]) -> bool:
+    """The run computes π_ref log-probs: for the loss's KL term or ``rl.log_reference_kl``.
+    Without them the logged ``kl`` is to the behaviour policy (``train.batch``), not the base."""
+    return kl_in_loss(cfg, hooks) or bool(cfg.rl.log_reference_kl)
+
+
+def method_hook_types(cfg: PipelineConfig) -> list[type]:
+    """The hook classes of the config's methods (their class attributes, without building them)."""
+    return [entry.fn for name, entry in METHODS.items() if getattr(cfg.rl, name, None) is not None]
 
 
 def build_parts(cfg: PipelineConfig, model, tokenizer, items: Sequence[Any], workdir: str, *,
@@ -118,15 +134,14 @@ def build_parts(cfg: PipelineConfig, model, tokenizer, items: Sequence[Any], wor
         on_episodes=None if dump is None else dump.record)
     all_hooks = (tracker, strategy, *methods, monitor, *((dump,) if dump is not None else ()))
     # The update: the KL term is in the loss for β > 0 or a hook's per-prompt KL weights.
-    kl_in_loss = cfg.loss.kl_beta > 0 or any(hook.sets_kl_weights for hook in all_hooks)
-    update = make_update(cfg, graphdef, params, kl_in_loss=kl_in_loss, mesh=mesh)
-    needs_reference = kl_in_loss or rl.log_reference_kl
+    update = make_update(cfg, graphdef, params, kl_in_loss=kl_in_loss(cfg, all_hooks), mesh=mesh)
+    holds_reference = needs_reference(cfg, all_hooks)
     # Held only when read: without it the caller can free the base model once RL starts.
     # With LoRA the params are the adapters and the reference is the base itself: the same
     # model with its adapters zeroed (no second copy of the base weights).
     if reference_params is None:
         reference_params = lora_off(params) if has_lora(model) else params
-    reference_params = reference_params if needs_reference else None
+    reference_params = reference_params if holds_reference else None
     fns, hyper = update.fns, update.hyper
 
     def logprobs_of(policy_params):
@@ -136,7 +151,7 @@ def build_parts(cfg: PipelineConfig, model, tokenizer, items: Sequence[Any], wor
         return build_batch(
             batch, update.estimator, estimator_state,
             behaviour_logprobs=None if cfg.loss.detach_behaviour else logprobs_of(policy_params),
-            reference_logprobs=logprobs_of(reference_params) if needs_reference else None,
+            reference_logprobs=logprobs_of(reference_params) if holds_reference else None,
             step_credit_coef_n=None if rl.step_credit is None else rl.step_credit.coef_n())
 
     def train(train_state, batch: Trajectory, step: int):
