@@ -803,7 +803,7 @@ class ComputeCopy(nnx.Variable):
 
 
 def cast_matmul_weights(model: Decoder) -> Decoder:
-    """Casts the matmul-only weights of `model` to its compute dtype, in place; returns it.
+    """Casts the matmul-only weights of `model` to its compute dtype; returns `model`.
 
     For inference under mixed precision (the sampler calls it on its merged copy inside
     jit): every decode step would otherwise re-read the float32 master matrices and convert
@@ -820,15 +820,24 @@ def cast_matmul_weights(model: Decoder) -> Decoder:
     the embedding table keep the parameter dtype. A no-op when the compute dtype is the
     parameter dtype. Do not differentiate through it: the gradients of the cast matrices
     would be bf16.
+
+    Each cast weight is a new Variable set on `model`; the Variable it replaces is left as it
+    was. `nnx.merge` hands a merged module the very Variables of the State it merges, so
+    setting their values instead would cast the caller's State too: outside jit (the
+    compacting sampler prepares its model once per rollout) the trainer's float32 master
+    weights became bf16 after the first rollout, and Adam then updated bf16 weights.
     """
     dtype = jnp.dtype(model.config.matmul_dtype)
-    for name in MATMUL_WEIGHT_NAMES + LORA_PARAM_NAMES:
-        param = getattr(model.layers, name, None)
+
+    def cast(owner, name):
+        param = getattr(owner, name, None)
         if param is not None and param[...].dtype != dtype:
-            param.set_value(param[...].astype(dtype))
+            setattr(owner, name, param.replace(param[...].astype(dtype)))
+
+    for name in MATMUL_WEIGHT_NAMES + LORA_PARAM_NAMES:
+        cast(model.layers, name)
     if model.lm_head is not None:
-        if model.lm_head[...].dtype != dtype:
-            model.lm_head.set_value(model.lm_head[...].astype(dtype))
+        cast(model, "lm_head")
     elif model.embed[...].dtype != dtype:
         # The barrier keeps XLA from folding the transpose back into the LM-head dot.
         model.unembed_compute = ComputeCopy(jax.lax.optimization_barrier(model.embed[...].astype(dtype).T))

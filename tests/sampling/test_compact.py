@@ -108,3 +108,24 @@ def test_compaction_is_on_by_default_for_long_buffers_only(llama):
     with pytest.raises(ValueError, match="compact_every"):
         generate(jax.random.key(0), model, ref["input_ids"], ref["attention_mask"], max_new_tokens=8,
                  compact=True, compact_every=-1)
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_a_bf16_rollout_leaves_the_callers_float32_weights_as_they_were(compact):
+    """The sampler casts its copy of the matmul weights to bf16; the State the policy was merged
+    from (the trainer's master weights) keeps its float32 values. The compacting decode prepares
+    that copy outside jit, where casting the merged Variables in place turned the trainer's
+    master weights (and from then on Adam's updates) into bf16."""
+    from flax import nnx
+
+    from jaxrl_vr.models import set_compute_dtype
+
+    path = os.path.join(FIXTURES, "tiny_llama")
+    ref = dict(np.load(os.path.join(path, "reference.npz")))
+    graphdef, params, rest = nnx.split(set_compute_dtype(from_pretrained(path), "bfloat16"), nnx.Param, ...)
+    before = jax.tree.map(np.asarray, params)
+    generate(jax.random.key(0), nnx.merge(graphdef, params, rest), ref["input_ids"], ref["attention_mask"],
+             num_samples=2, max_new_tokens=MAX_NEW, compact=compact)
+    after = jax.tree.map(np.asarray, params)
+    assert {a.dtype for a in jax.tree.leaves(after)} == {np.dtype(np.float32)}
+    jax.tree.map(np.testing.assert_array_equal, after, before)
