@@ -45,7 +45,7 @@ from jaxrl_vr.train import (  # noqa: E402
 )
 
 
-PROMPTS, SAMPLES, NEW_TOKENS = 8, 8, 64  # rl_step.py's workload: P, G, response tokens
+PROMPTS, SAMPLES, NEW_TOKENS = 8, 8, 64  # rl_step.py's default workload: P, G, response tokens
 
 
 def op_labels(hlo_text: str) -> dict[str, str]:
@@ -166,6 +166,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--what", choices=("update", "rollout"), default="update",
                         help="the train step on one rollout, or the rollout itself (generate's jitted core)")
     parser.add_argument("--precision", choices=tuple(rl_step.PRECISIONS), default="fp32")
+    parser.add_argument("-P", "--prompts", type=int, default=PROMPTS)
+    parser.add_argument("-G", "--gens", type=int, default=SAMPLES)
+    parser.add_argument("--max-new-tokens", type=int, default=NEW_TOKENS)
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--chunk", type=int, default=0,
                         help="LM-head log-softmax time chunk; 0 = one chunk of the response, as rl_step.py")
@@ -200,9 +203,9 @@ def main(argv=None):
 
     model, prompt_ps, mask_ps = load_workload(args)
     if args.what == "rollout":
-        run = rollout_call(model, prompt_ps, mask_ps)
+        run = rollout_call(model, prompt_ps, mask_ps, num_samples=args.gens, max_new_tokens=args.max_new_tokens)
     else:
-        run = update_call(args, model, workload_rollout(model, prompt_ps, mask_ps))
+        run = update_call(args, model, workload_rollout(model, prompt_ps, mask_ps, args.gens, args.max_new_tokens))
     if args.hlo_out:
         with open(args.hlo_out, "w") as f:
             f.write(run.hlo_text)
@@ -225,16 +228,16 @@ def load_model(args):
 def load_workload(args):
     """(model at `args.precision`, prompt tokens [P, S], prompt mask) of rl_step.py's workload."""
     with open(args.prompts_file) as f:
-        texts = [json.loads(line) for line in f if line.strip()][:PROMPTS]
+        texts = [json.loads(line) for line in f if line.strip()][:args.prompts]
     model = load_model(args)
     prompt_ps, mask_ps = rl_step.encode(load_tokenizer(args.model_dir), texts, 32)
     return model, prompt_ps, mask_ps
 
 
-def workload_rollout(model, prompt_ps, mask_ps):
-    """One rollout of the workload (G samples of NEW_TOKENS tokens, EOS suppressed): the update's input."""
-    return generate(jax.random.key(0), model, prompt_ps, mask_ps, num_samples=SAMPLES,
-                    max_new_tokens=NEW_TOKENS, stop_token_ids=(), pad_id=0)
+def workload_rollout(model, prompt_ps, mask_ps, num_samples: int = SAMPLES, max_new_tokens: int = NEW_TOKENS):
+    """One rollout of the workload (G samples of `max_new_tokens`, EOS suppressed): the update's input."""
+    return generate(jax.random.key(0), model, prompt_ps, mask_ps, num_samples=num_samples,
+                    max_new_tokens=max_new_tokens, stop_token_ids=(), pad_id=0)
 
 
 def rollout_call(model, prompt_ps, mask_ps, *, num_samples: int = SAMPLES, max_new_tokens: int = NEW_TOKENS,
@@ -278,14 +281,14 @@ def update_call(args, model, rollout):
     graphdef, params, rest = split_model(model)
     optim = make_optimizer(OptimConfig(learning_rate=1e-6, weight_decay=0.0, grad_clip_norm=1.0))
     loss_cfg = rl_step.workload_loss_config(args.microbatches, args.chunk, rollout.tokens_bt.shape[1],
-                                            1 if args.no_shared_prefix else SAMPLES)
+                                            1 if args.no_shared_prefix else args.gens)
     state = init_train_state(params, optim, loss_cfg)
     train_step = make_train_step(graphdef, rest, optim, loss_cfg)
-    adv_b = jnp.asarray(np.linspace(-1, 1, PROMPTS * SAMPLES, dtype=np.float32))
+    adv_b = jnp.asarray(np.linspace(-1, 1, args.prompts * args.gens, dtype=np.float32))
     batch = RolloutBatch(rollout.prompt_tokens_bs, rollout.prompt_mask_bs, rollout.tokens_bt, rollout.mask_bt,
                          rollout.mask_bt, jnp.broadcast_to(adv_b[:, None], rollout.mask_bt.shape),
                          rollout.logp_bt, rollout.logp_bt,
-                         jnp.zeros((PROMPTS * SAMPLES,), jnp.float32))  # no PBA weight
+                         jnp.zeros((args.prompts * args.gens,), jnp.float32))  # no PBA weight
     hyper = StepHyper.create()
     compiled = train_step.jitted.lower(state, batch, hyper, rest).compile()
 

@@ -37,8 +37,10 @@ the update's minor page faults and kernel seconds, GLIBC_TUNABLES and XLA_FLAGS,
 test.
 
 ``--lora-rank R`` runs the same workload training rank-R adapters (``--lora-alpha``, default
-2R) on all seven block matrices of a frozen base (``jaxrl_vr.models.lora``); the FLOP
-fractions still count full fine-tuning's work.
+2R) on all seven block matrices of a frozen base (``jaxrl_vr.models.lora``; float32, or bf16
+with ``--lora-base-dtype bfloat16``); the FLOP fractions still count full fine-tuning's work.
+Each step record also holds the peak RSS after its rollout and after its update (the peak
+only grows, so the two say which phase raised it).
 
 Like ``experiments.train``, it calls ``jaxrl_vr.host_memory.keep_host_memory()`` first, so
 the process keeps the memory XLA frees (docs/performance.md at 9f22ea1, "perf17");
@@ -237,6 +239,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--lora-rank", type=int, default=0,
                         help="train rank-R LoRA adapters on a frozen base (0 = off)")
     parser.add_argument("--lora-alpha", type=float, default=0.0, help="LoRA alpha (default 2 x rank)")
+    parser.add_argument("--lora-base-dtype", choices=("", "bfloat16"), default="",
+                        help="store the frozen base in bf16 (the trainer's model.lora.base_dtype); '' keeps float32")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
     if not args.concurrency_schedule:
@@ -257,7 +261,8 @@ def main(argv=None) -> dict:
     set_compute_dtype(model, PRECISIONS[args.precision])
     lora_alpha = args.lora_alpha or 2.0 * args.lora_rank
     if args.lora_rank:  # all seven block matrices; only the adapters are trained (split_model)
-        add_lora(model, rank=args.lora_rank, alpha=lora_alpha, key=jax.random.key(43))
+        add_lora(model, rank=args.lora_rank, alpha=lora_alpha, key=jax.random.key(43),
+                 base_dtype=args.lora_base_dtype or None)
     tokenizer = load_tokenizer(args.model_dir)
     graphdef, params, rest = split_model(model)
     optim = make_optimizer(OPTIM)
@@ -291,6 +296,7 @@ def main(argv=None) -> dict:
                               reference_logprobs=None)  # β = 0
         batch = rollout_batch(traj)
         t1 = time.perf_counter()
+        peak_after_rollout = peak_rss_mb()  # the peak is monotonic: which phase raised it
         faults_before, sys_before = process_counters()
         state, metrics = fns.train_step(state, batch, hyper, rest)
         loss = float(metrics["loss"])  # blocks
@@ -304,6 +310,7 @@ def main(argv=None) -> dict:
                         "max_response_len": int(traj.length_b.max()),
                         "decode_row_steps": decode_row_steps(traj.length_b),
                         "prompt_tokens": int(prompt_ps.shape[1]), "load_1m": load_average(),
+                        "peak_rss_after_rollout_mb": peak_after_rollout, "peak_rss_after_update_mb": peak_rss_mb(),
                         "phase": "warmup" if step < args.warmup else "timed"})
         print(f"step {step}: " + json.dumps({k: round(v, 3) if isinstance(v, float) else v
                                              for k, v in records[-1].items()}), flush=True)
@@ -326,6 +333,7 @@ def main(argv=None) -> dict:
         "P": args.prompts, "G": args.gens, "new_tokens": args.max_new_tokens,
         "microbatches": args.microbatches, "logprob_chunk": chunk, "remat": args.remat,
         "lora_rank": args.lora_rank, "lora_alpha": lora_alpha if args.lora_rank else 0.0,
+        "lora_base_dtype": (args.lora_base_dtype or "float32") if args.lora_rank else "",
         "prompt_group_size": group,
         "prompts_sha": prompts_sha,
         "allow_eos": args.allow_eos,

@@ -802,7 +802,7 @@ class ComputeCopy(nnx.Variable):
     """A compute-dtype copy of a parameter made for inference (`cast_matmul_weights`); not trained."""
 
 
-def cast_matmul_weights(model: Decoder) -> Decoder:
+def cast_matmul_weights(model: Decoder, *, layers: bool = True) -> Decoder:
     """Casts the matmul-only weights of `model` to its compute dtype; returns `model`.
 
     For inference under mixed precision (the sampler calls it on its merged copy inside
@@ -819,7 +819,8 @@ def cast_matmul_weights(model: Decoder) -> Decoder:
     The numerics are unchanged (`mixed_einsum` casts to the same dtype); norms, biases and
     the embedding table keep the parameter dtype. A no-op when the compute dtype is the
     parameter dtype. Do not differentiate through it: the gradients of the cast matrices
-    would be bf16.
+    would be bf16. `layers=False` casts only the LM head, for a caller that casts its own
+    per-layer copies (`unstacked_matmul_weights`).
 
     Each cast weight is a new Variable set on `model`; the Variable it replaces is left as it
     was. `nnx.merge` hands a merged module the very Variables of the State it merges, so
@@ -834,7 +835,7 @@ def cast_matmul_weights(model: Decoder) -> Decoder:
         if param is not None and param[...].dtype != dtype:
             setattr(owner, name, param.replace(param[...].astype(dtype)))
 
-    for name in MATMUL_WEIGHT_NAMES + LORA_PARAM_NAMES:
+    for name in (MATMUL_WEIGHT_NAMES + LORA_PARAM_NAMES) if layers else ():
         cast(model.layers, name)
     if model.lm_head is not None:
         cast(model, "lm_head")
@@ -842,6 +843,15 @@ def cast_matmul_weights(model: Decoder) -> Decoder:
         # The barrier keeps XLA from folding the transpose back into the LM-head dot.
         model.unembed_compute = ComputeCopy(jax.lax.optimization_barrier(model.embed[...].astype(dtype).T))
     return model
+
+
+def unstacked_matmul_weights(layers: DecoderLayers, dtype: Any) -> list[dict[str, jax.Array]]:
+    """`layers.unstacked()` with the block matrices and adapters in `dtype`: each layer's
+    parameters as their own arrays, the decode loop's `layer_params`, cast once. Made from the
+    stacked parameters directly, so no cast stacked copy is alive beside them."""
+    names = set(MATMUL_WEIGHT_NAMES + LORA_PARAM_NAMES)
+    return [{name: value.astype(dtype) if name in names else value for name, value in layer.items()}
+            for layer in layers.unstacked()]
 
 
 def num_params(model: Decoder) -> int:

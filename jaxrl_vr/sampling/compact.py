@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_vr.models.decoder import KVCache, cast_matmul_weights
+from jaxrl_vr.models.decoder import KVCache, cast_matmul_weights, unstacked_matmul_weights
 from jaxrl_vr.sampling import sampler as sampler_lib
 
 MIN_BUCKET = 8
@@ -81,12 +81,12 @@ def batch_bucket(live: int, batch: int) -> int:
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "num_samples", "buffer_len", "cache_len", "cache_dtype"))
-def _prefill_rows(graphdef, state, tokens_ps, mask_ps, pad_id, *, num_samples: int, buffer_len: int,
+def _prefill_rows(graphdef, state, layer_params, tokens_ps, mask_ps, pad_id, *, num_samples: int, buffer_len: int,
                   cache_len: int, cache_dtype: str | None) -> LiveRows:
-    """Every prompt once, broadcast to its G rows: the decode state before step 0."""
-    model = cast_matmul_weights(nnx.merge(graphdef, state))
-    logits_pv, cache = sampler_lib._prefill(model, model.layers.unstacked(), tokens_ps, mask_ps, cache_len,
-                                            cache_dtype)
+    """Every prompt once, broadcast to its G rows: the decode state before step 0 (the model
+    and layers as `_prepared` made them)."""
+    model = nnx.merge(graphdef, state)
+    logits_pv, cache = sampler_lib._prefill(model, layer_params, tokens_ps, mask_ps, cache_len, cache_dtype)
     repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731  Prompt-major.
     cache = cache._replace(keys_bkem=tuple(repeat(k) for k in cache.keys_bkem),
                            values_bkme=tuple(repeat(v) for v in cache.values_bkme), valid_bm=repeat(cache.valid_bm))
@@ -99,19 +99,22 @@ def _prefill_rows(graphdef, state, tokens_ps, mask_ps, pad_id, *, num_samples: i
         logp_nt=jnp.zeros((batch, buffer_len), jnp.float32), mask_nt=jnp.zeros((batch, buffer_len), bool))
 
 
-@jax.jit
-def _unstacked(layers_state):
-    """Each layer's parameters as their own arrays (`Stack.unstacked`), once per rollout."""
-    return nnx.merge(*layers_state).unstacked()
+@functools.partial(jax.jit, static_argnames=("dtype",))
+def _unstacked(layers_state, dtype: str):
+    """Each layer's parameters as their own arrays, matmul weights in `dtype`, once per rollout."""
+    return unstacked_matmul_weights(nnx.merge(*layers_state), dtype)
 
 
 def _prepared(graphdef, state):
-    """The decode chunks' model, once per rollout rather than once per chunk: its matmul
-    weights cast to the compute dtype (`cast_matmul_weights`, which it must not run again)
-    and its layers' parameters unstacked. Returns (graphdef, state, layer_params)."""
-    model = cast_matmul_weights(nnx.merge(graphdef, state))
+    """The decode chunks' model, once per rollout rather than once per chunk: its layers'
+    parameters unstacked with their matmul weights cast to the compute dtype, and its LM head
+    cast (`cast_matmul_weights`, which the chunks must not run again). The stacked layers stay
+    the caller's arrays (the chunks read only the unstacked copies), so a rollout holds one
+    compute-dtype copy of the block matrices, not two. Returns (graphdef, state, layer_params)."""
+    model = cast_matmul_weights(nnx.merge(graphdef, state), layers=False)
+    layer_params = _unstacked(nnx.split(model.layers), str(jnp.dtype(model.config.matmul_dtype)))
     graphdef, state = nnx.split(model)
-    return graphdef, state, _unstacked(nnx.split(model.layers))
+    return graphdef, state, layer_params
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "num_rows", "greedy", "use_filter"),
@@ -120,8 +123,8 @@ def _decode_chunk(graphdef, state, layer_params, key, live: LiveRows, stop_step,
                   top_k, stop_ids_n, pad_id, *, num_rows: int, greedy: bool, use_filter: bool) -> LiveRows:
     """Decodes `live` up to step `stop_step` (or max_new_tokens - 1, or until all are done), as
     `sampler._generate_core`'s loop does; once the rollout is over (the last step, or every row
-    done) it also emits the final token, which costs no forward pass. The model is
-    `_prepared`'s (weights already cast, layers unstacked)."""
+    done) it also emits the final token, which costs no forward pass. The model and layers are
+    `_prepared`'s."""
     TRACE_COUNTS["decode_chunk"] += 1
     model = nnx.merge(graphdef, state)
 
@@ -192,7 +195,8 @@ def generate_compact(graphdef, state, key, tokens_ps, mask_ps, max_new_tokens, t
     batch = num_prompts * num_samples
     ends = sampler_lib.decode_segment_ends(buffer_len,
                                            decode_segments or sampler_lib.default_decode_segments(buffer_len))
-    live = _prefill_rows(graphdef, state, tokens_ps, mask_ps, pad_id, num_samples=num_samples,
+    cast_graphdef, cast_state, layer_params = _prepared(graphdef, state)
+    live = _prefill_rows(cast_graphdef, cast_state, layer_params, tokens_ps, mask_ps, pad_id, num_samples=num_samples,
                          buffer_len=buffer_len, cache_len=prompt_len + ends[0], cache_dtype=cache_dtype)
     tokens_bt = np.full((batch, buffer_len), int(pad_id), np.int32)
     logp_bt = np.zeros((batch, buffer_len), np.float32)
@@ -204,7 +208,6 @@ def generate_compact(graphdef, state, key, tokens_ps, mask_ps, max_new_tokens, t
         for out, part in ((tokens_bt, rows.tokens_nt), (logp_bt, rows.logp_nt), (mask_bt, rows.mask_nt)):
             out[row_n[real_n]] = np.asarray(part)[real_n]
 
-    cast_graphdef, cast_state, layer_params = _prepared(graphdef, state)
     segment, width, step = 0, batch, 0
     LAST_CHUNKS.clear()
     while True:
