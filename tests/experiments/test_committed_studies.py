@@ -1,6 +1,7 @@
 """Committed studies regenerate from their committed per-run files (issue 39's evidence rule)."""
 
 import glob
+import json
 import os
 import re
 
@@ -161,3 +162,23 @@ def test_the_simulator_readme_rows_are_built_from_the_committed_runs():
     assert checked >= 90
     for row in sim_vs_study.prediction_table(sims, study).splitlines()[2:]:
         assert row in readme, f"the README lacks the prediction row {row}"
+
+
+def test_the_precision_readme_rows_are_its_summaries():
+    """experiments/results/smollm2_rg_precision/README.md: each table row is rebuilt from the
+    run's summary.json (pass@1, wall times) and time_v.txt (peak RSS)."""
+    folder = os.path.join(REPO, "experiments", "results", "smollm2_rg_precision")
+    with open(os.path.join(folder, "README.md")) as f:
+        readme = f.read().splitlines()
+    for precision in ("float32", "bfloat16"):
+        with open(os.path.join(folder, precision, "summary.json")) as f:
+            summary = json.load(f)
+        with open(os.path.join(folder, precision, "time_v.txt")) as f:
+            rss_kib = int(next(line for line in f if "Maximum resident" in line).split(":")[1])
+        wall = summary["wall_time_s"]
+        minutes, seconds = divmod(round(wall["total"]), 60)
+        row = (f"| {precision} (`matmul_dtype` {summary['matmul_dtype']}) | "
+               f"{summary['base_pass_at_1']:.3f} → {summary['final_pass_at_1']:.3f} | {wall['base_eval']:.0f} s | "
+               f"{wall['rl']:.0f} s | {wall['final_eval']:.0f} s | {minutes} min {seconds:02d} s | "
+               f"{rss_kib / 2**20:.2f} GiB |")
+        assert row in readme, row
