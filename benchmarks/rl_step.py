@@ -241,6 +241,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--lora-alpha", type=float, default=0.0, help="LoRA alpha (default 2 x rank)")
     parser.add_argument("--lora-base-dtype", choices=("", "bfloat16"), default="",
                         help="store the frozen base in bf16 (the trainer's model.lora.base_dtype); '' keeps float32")
+    parser.add_argument("--no-precompile", action="store_true",
+                        help="with --allow-eos, do not compile every decode chunk the compacting sampler can "
+                             "visit after the warm-up (`compact.precompile`): timed steps then compile the "
+                             "(batch bucket, cache length) pairs the warm-up did not reach")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
     if not args.concurrency_schedule:
@@ -288,6 +292,15 @@ def main(argv=None) -> dict:
                                min_prompts=args.prompts, episodes=runner,
                                items=[TaskItem(f"bench/{i}", t) for i, t in enumerate(texts)])
         key, sample_key = jax.random.split(key)
+        if step == args.warmup and args.allow_eos and not args.no_precompile:
+            # Steady state: a long run has compiled every decode chunk its rollouts visit; a few
+            # timed steps would otherwise pay ~2 s per pair the warm-up did not reach.
+            precompiled = compact_lib.precompile(
+                nnx.merge(graphdef, state.params, rest), prompt_ps, prompt_mask_ps, num_samples=args.gens,
+                max_new_tokens=args.max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+                top_k=sampling.top_k, stop_token_ids=(tokenizer.eos_id,), pad_id=tokenizer.pad_id or 0)
+            print(f"precompiled {precompiled} more decode chunks", flush=True)
+        traces_before = compact_lib.TRACE_COUNTS["decode_chunk"]
         t0 = time.perf_counter()
         traj = sampler.sample(nnx.merge(graphdef, state.params, rest), sample_key, np.arange(args.prompts),
                               args.gens)
@@ -309,6 +322,7 @@ def main(argv=None) -> dict:
                         "mean_response_len": float(traj.length_b.mean()),
                         "max_response_len": int(traj.length_b.max()),
                         "decode_row_steps": decode_row_steps(traj.length_b),
+                        "decode_chunk_compiles": compact_lib.TRACE_COUNTS["decode_chunk"] - traces_before,
                         "prompt_tokens": int(prompt_ps.shape[1]), "load_1m": load_average(),
                         "peak_rss_after_rollout_mb": peak_after_rollout, "peak_rss_after_update_mb": peak_rss_mb(),
                         "phase": "warmup" if step < args.warmup else "timed"})
@@ -337,6 +351,7 @@ def main(argv=None) -> dict:
         "prompt_group_size": group,
         "prompts_sha": prompts_sha,
         "allow_eos": args.allow_eos,
+        "rollout_precompiled": bool(args.allow_eos and not args.no_precompile),
         "mean_response_len": statistics.mean(r["mean_response_len"] for r in timed),
         "max_response_len": max(r["max_response_len"] for r in timed),
         "mean_gen_tokens_per_step": statistics.mean(r["gen_tokens"] for r in timed),  # bench_common's name

@@ -14,7 +14,10 @@ The cache still grows by segments (`sampler.decode_segment_ends`: each chunk's a
 reads only the slots written by its segment's end). Compiled programs: one decode chunk per
 (batch bucket, cache length) pair that a rollout visits; the bucket only shrinks and the
 cache only grows, so one rollout visits at most log2(B / MIN_BUCKET) + segments of them
-(7 for B = 64 and 4 segments), and `_regroup` (a gather) per transition.
+(7 for B = 64 and 4 segments), and `_regroup` (a gather) per transition. Which pairs a
+rollout visits depends on where its rows stop, so a later rollout can still compile one
+mid-decode (about 2 s each for SmolLM2 on 2 cores); `precompile` compiles every pair of a
+rollout shape up front, for runs (and benchmarks) that want no compilation after warm-up.
 
 Exactness: at step s, row b (its index in the full prompt-major batch) draws with the b-th
 of ``uniform(fold_in(key, s), (B,))`` (`sampler.row_uniforms`), the uniform the uncompacted
@@ -238,3 +241,44 @@ def generate_compact(graphdef, state, key, tokens_ps, mask_ps, max_new_tokens, t
     stopped_b = (length_b > 0) & np.isin(last_b, np.asarray(stop_ids_n))
     return (jnp.asarray(tokens_bt), jnp.asarray(logp_bt), jnp.asarray(mask_bt), jnp.asarray(length_b),
             jnp.asarray(~stopped_b))
+
+
+def precompile(model, prompt_tokens_ps, prompt_mask_ps, *, num_samples: int, max_new_tokens: int, **generate_kwargs
+               ) -> int:
+    """Compiles the decode chunk of every (batch bucket, cache length) pair that
+    `generate(..., compact=True)` with these arguments could visit, so no later rollout of the
+    same shapes compiles one mid-decode (module docstring). Runs one prefill and no decode
+    step: each chunk is called on zeroed rows with its stop step at 0. `_regroup`s (cheap)
+    still compile on first use. Returns the number of decode-chunk programs it compiled.
+
+    Args: as `sampler.generate` (its sampling settings and stop ids decide nothing here but
+    are part of the compiled programs' signature, so pass the ones the rollouts will use).
+    """
+    key = generate_kwargs.pop("key", jax.random.key(0))
+    generate_kwargs.pop("compact", None), generate_kwargs.pop("compact_every", None)
+    (graphdef, state, key, tokens_ps, mask_ps, max_new, temperature, top_p, top_k, stop_ids_n, pad_id), kwargs = \
+        sampler_lib.generate_core_call(key, model, prompt_tokens_ps, prompt_mask_ps, num_samples=num_samples,
+                                       max_new_tokens=max_new_tokens, **{
+                                           "temperature": 1.0, "top_p": 1.0, "top_k": 0, "greedy": False,
+                                           "stop_token_ids": None, "pad_id": 0, "bucket": sampler_lib.DEFAULT_BUCKET,
+                                           "cache_dtype": None, **generate_kwargs})
+    num_prompts, prompt_len = tokens_ps.shape
+    batch = num_prompts * num_samples
+    buffer_len = kwargs["buffer_len"]
+    ends = sampler_lib.decode_segment_ends(buffer_len, kwargs["decode_segments"]
+                                           or sampler_lib.default_decode_segments(buffer_len))
+    cast_graphdef, cast_state, layer_params = _prepared(graphdef, state)
+    live = _prefill_rows(cast_graphdef, cast_state, layer_params, tokens_ps, mask_ps, pad_id, num_samples=num_samples,
+                         buffer_len=buffer_len, cache_len=prompt_len + ends[0], cache_dtype=kwargs["cache_dtype"])
+    buckets = sorted({batch_bucket(n, batch) for n in range(1, batch + 1)}, reverse=True)
+    before = TRACE_COUNTS["decode_chunk"]
+    for end in ends:
+        for bucket in buckets:
+            index_m = np.zeros(bucket, np.int32)
+            shapes = jax.eval_shape(functools.partial(_regroup, cache_len=prompt_len + end), live, index_m,
+                                    np.ones(bucket, bool), np.int32(batch))
+            rows = jax.tree.map(lambda x: jax.device_put(jnp.zeros(x.shape, x.dtype)), shapes)
+            _decode_chunk(cast_graphdef, cast_state, layer_params, key, rows, np.int32(0), max_new, temperature, top_p,
+                          top_k, stop_ids_n, pad_id, num_rows=batch, greedy=kwargs["greedy"],
+                          use_filter=kwargs["use_filter"]).step.block_until_ready()
+    return TRACE_COUNTS["decode_chunk"] - before

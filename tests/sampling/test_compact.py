@@ -129,3 +129,21 @@ def test_a_bf16_rollout_leaves_the_callers_float32_weights_as_they_were(compact)
     after = jax.tree.map(np.asarray, params)
     assert {a.dtype for a in jax.tree.leaves(after)} == {np.dtype(np.float32)}
     jax.tree.map(np.testing.assert_array_equal, after, before)
+
+
+def test_precompile_leaves_nothing_to_compile_mid_rollout(llama):
+    """`precompile` compiles the decode chunk of every (batch bucket, cache length) pair (15
+    rows: buckets 15 and 8; four segments): a ragged rollout of those shapes that shrinks its
+    batch and grows its cache then traces no decode chunk, and a second precompile none."""
+    model, ref = llama
+    kwargs = dict(num_samples=5, max_new_tokens=MAX_NEW, stop_token_ids=(5, 7, 9, 11, 13), top_k=40)
+    compiled = compact_lib.precompile(model, ref["input_ids"], ref["attention_mask"], **kwargs)
+    assert compiled == 8  # (top_k=40 and 15 rows: shapes no other test compiles)
+    before = compact_lib.TRACE_COUNTS["decode_chunk"]
+    rollout = generate(jax.random.key(5), model, ref["input_ids"], ref["attention_mask"], compact=True,
+                       compact_every=8, **kwargs)
+    assert compact_lib.TRACE_COUNTS["decode_chunk"] == before
+    visited = {(rows, slots) for rows, slots, _ in compact_lib.LAST_CHUNKS}
+    assert {rows for rows, _ in visited} == {15, 8} and len({slots for _, slots in visited}) >= 2, visited
+    assert np.asarray(rollout.length_b).min() < MAX_NEW
+    assert compact_lib.precompile(model, ref["input_ids"], ref["attention_mask"], **kwargs) == 0
