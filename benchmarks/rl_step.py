@@ -243,7 +243,7 @@ def main(argv=None) -> dict:
                         help="store the frozen base in bf16 (the trainer's model.lora.base_dtype); '' keeps float32")
     parser.add_argument("--no-precompile", action="store_true",
                         help="with --allow-eos, do not compile every decode chunk the compacting sampler can "
-                             "visit after the warm-up (`compact.precompile`): timed steps then compile the "
+                             "visit before the warm-up (`compact.precompile`): timed steps then compile the "
                              "(batch bucket, cache length) pairs the warm-up did not reach")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
@@ -283,6 +283,15 @@ def main(argv=None) -> dict:
     runner = single_turn_runner(tokenizer, args.max_new_tokens,
                                 eos_ids=None if args.allow_eos else ())  # None: the tokenizer's EOS
     key = jax.random.key(0)
+    if args.allow_eos and not args.no_precompile:
+        # Steady state: a long run has compiled every decode chunk its rollouts visit; a few
+        # timed steps would otherwise pay ~2 s per (bucket, cache length) pair not seen before.
+        first_ps, first_mask_ps = encode(tokenizer, all_prompts[:args.prompts], args.max_prompt_tokens)
+        precompiled = compact_lib.precompile(
+            nnx.merge(graphdef, state.params, rest), first_ps, first_mask_ps, num_samples=args.gens,
+            max_new_tokens=args.max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+            top_k=sampling.top_k, stop_token_ids=(tokenizer.eos_id,), pad_id=tokenizer.pad_id or 0)
+        print(f"precompiled {precompiled} decode chunks", flush=True)
     records = []
     for step in range(args.warmup + args.steps):
         texts = all_prompts[step * args.prompts:(step + 1) * args.prompts]
@@ -292,14 +301,6 @@ def main(argv=None) -> dict:
                                min_prompts=args.prompts, episodes=runner,
                                items=[TaskItem(f"bench/{i}", t) for i, t in enumerate(texts)])
         key, sample_key = jax.random.split(key)
-        if step == args.warmup and args.allow_eos and not args.no_precompile:
-            # Steady state: a long run has compiled every decode chunk its rollouts visit; a few
-            # timed steps would otherwise pay ~2 s per pair the warm-up did not reach.
-            precompiled = compact_lib.precompile(
-                nnx.merge(graphdef, state.params, rest), prompt_ps, prompt_mask_ps, num_samples=args.gens,
-                max_new_tokens=args.max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-                top_k=sampling.top_k, stop_token_ids=(tokenizer.eos_id,), pad_id=tokenizer.pad_id or 0)
-            print(f"precompiled {precompiled} more decode chunks", flush=True)
         traces_before = compact_lib.TRACE_COUNTS["decode_chunk"]
         t0 = time.perf_counter()
         traj = sampler.sample(nnx.merge(graphdef, state.params, rest), sample_key, np.arange(args.prompts),

@@ -363,7 +363,7 @@ def generate(key: jax.Array, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *
         by float rounding, which can flip a sampled token that falls on a boundary.
       compact: decode only the rows still alive (`jaxrl_vr.sampling.compact`): a host-driven
         loop of jitted decode chunks that, as rows stop, gathers the live ones into a smaller
-        batch (powers of two), so finished rows stop costing decode steps. Same rollout (each
+        batch (`compact.batch_bucket`), so finished rows stop costing decode steps. Same rollout (each
         row draws with its own row of the step's uniforms, with or without compaction; float
         rounding aside). None = on for response buffers of more than 64 slots
         (`compact.COMPACT_AUTO_MIN_BUFFER`), off for shorter ones, which keep the one jitted
