@@ -279,7 +279,9 @@ def precompile(model, prompt_tokens_ps, prompt_mask_ps, *, num_samples: int, max
                          buffer_len=buffer_len, cache_len=prompt_len + ends[0], cache_dtype=kwargs["cache_dtype"])
     buckets = sorted({batch_bucket(n, batch) for n in range(1, batch + 1)}, reverse=True)
     before = TRACE_COUNTS["decode_chunk"]
-    for end in ends:
+    # Largest rows first: each later (smaller) zeroed batch fits in the memory the previous one
+    # freed, so a heap that keeps freed memory (`host_memory.keep_host_memory`) grows once.
+    for end in reversed(ends):
         for bucket in buckets:
             index_m = np.zeros(bucket, np.int32)
             shapes = jax.eval_shape(functools.partial(_regroup, cache_len=prompt_len + end), live, index_m,
