@@ -91,7 +91,7 @@ def generate_child(args) -> None:
     from jaxrl_vr.models import decoder
 
     force = args.form == "one_token"
-    decoder.one_token_form_pays = lambda tokens, slots, dtypes, compute_dtype=None: force and tokens == 1
+    decoder.one_token_form_pays = lambda tokens, slots, dtypes: force and tokens == 1
     with open(args.cases) as f:
         cases = json.load(f)
     result = decode.jax_side(argparse.Namespace(release_host_memory=False, precision="fp32",

@@ -257,14 +257,14 @@ def attend_cache(q_bthe: jax.Array, k_bkes: jax.Array, v_bkse: jax.Array, allowe
     Same math as `attend`. A chunk of several tokens (prefill) uses two dots, written in
     dot_general's natural output order (batch b, k; then t, g; then s or e) so neither the
     cache nor the probabilities are transposed: only the small query and output tensors are.
-    A decode step (one token per row) over a float32 cache uses `_attend_one_token` instead
-    where `one_token_form_pays` (up to 512 slots under float32 compute, 1024 under bf16).
+    A decode step (one token per row) over a float32 cache of at most 512 slots uses
+    `_attend_one_token` instead (`one_token_form_pays`), whatever the compute dtype.
     """
     b, t, h, e = q_bthe.shape
     kv_heads = k_bkes.shape[1]
     dtype = compute_dtype or q_bthe.dtype
     q_btkge = q_bthe.reshape(b, t, kv_heads, h // kv_heads, e)
-    if one_token_form_pays(t, k_bkes.shape[-1], (k_bkes.dtype, v_bkse.dtype), dtype):
+    if one_token_form_pays(t, k_bkes.shape[-1], (k_bkes.dtype, v_bkse.dtype)):
         out_bktge = _attend_one_token(q_btkge, k_bkes, v_bkse, allowed_bts)
     else:
         out_bktge = _attend_two_dots(q_btkge, k_bkes, v_bkse, allowed_bts, dtype)
@@ -276,30 +276,20 @@ def attend_cache(q_bthe: jax.Array, k_bkes: jax.Array, v_bkse: jax.Array, allowe
 # 80 slots, 0.93x over 520 slots (8 samples x 512 tokens); alone, the attention of 30 layers
 # took 0.77-0.79x the dots' time at 64 rows over 96-256 slots and 0.96-1.28x over 544 slots.
 ONE_TOKEN_MAX_SLOTS = 512
-# Under bf16 compute the alternative is not float32 dots but bf16 dots, which read a bf16 cache
-# through a copy of every layer's keys and values on every step (`default_cache_dtype`). The
-# bf16 SmolLM2 decode step at 16 rows over 544 slots took 70.8 ms with a float32 cache in this
-# form against 88.8 ms with the bf16 cache and the dots (151 ms with a float32 cache and bf16
-# dots, which convert it), on a 2-core Zen 4 EPYC (issue 43); both costs grow linearly in the
-# slots, so the limit is set at twice that cache.
-ONE_TOKEN_MAX_SLOTS_BF16 = 1024
 
 
-def one_token_form_pays(tokens: int, slots: int, cache_dtypes: Sequence[Any], compute_dtype: Any = None) -> bool:
+def one_token_form_pays(tokens: int, slots: int, cache_dtypes: Sequence[Any]) -> bool:
     """Whether `attend_cache` uses the multiply-and-sum form: one token per row, a float32
-    cache (keys and values), at most ONE_TOKEN_MAX_SLOTS slots, or ONE_TOKEN_MAX_SLOTS_BF16
-    under a 16-bit `compute_dtype` (static shapes, so the choice is made once per compiled
-    program). The form reads the cache as it is and computes in float32, so under bf16 compute
-    it also avoids converting the cache for the dots on every step (docs/performance.md,
-    "perf26"), which is why it pays over longer caches there."""
-    half = compute_dtype is not None and jnp.dtype(compute_dtype).itemsize < 4
-    limit = ONE_TOKEN_MAX_SLOTS_BF16 if half else ONE_TOKEN_MAX_SLOTS
-    return tokens == 1 and all(jnp.dtype(d) == jnp.float32 for d in cache_dtypes) and slots <= limit
+    cache (keys and values), at most ONE_TOKEN_MAX_SLOTS slots (static shapes, so the choice is
+    made once per compiled program). The compute dtype does not enter: the form reads the
+    cache as it is and computes in float32, so under bf16 compute it also avoids converting
+    the cache for the dots on every step (docs/performance.md, "perf26")."""
+    return tokens == 1 and all(jnp.dtype(d) == jnp.float32 for d in cache_dtypes) and slots <= ONE_TOKEN_MAX_SLOTS
 
 
 def default_cache_dtype(config: DecoderConfig, slots: int, backend: str) -> jnp.dtype:
     """The KV-cache dtype `generate` uses unless told: float32 on CPU wherever a decode step
-    takes the one-token form (`one_token_form_pays` for the compute dtype), else the compute dtype.
+    takes the one-token form (at most ONE_TOKEN_MAX_SLOTS slots), else the compute dtype.
 
     XLA:CPU cannot update a 16-bit buffer in place and hand it to a dot: the bf16 cache is
     written as uint16 bits, and reading those bits as bf16 costs a copy of each layer's keys
@@ -309,7 +299,7 @@ def default_cache_dtype(config: DecoderConfig, slots: int, backend: str) -> jnp.
     512). Other backends keep the compute dtype: a bitcast is free there and the cache is the
     memory that limits the batch.
     """
-    if backend == "cpu" and one_token_form_pays(1, slots, (jnp.float32, jnp.float32), config.matmul_dtype):
+    if backend == "cpu" and one_token_form_pays(1, slots, (jnp.float32, jnp.float32)):
         return jnp.dtype(jnp.float32)
     return jnp.dtype(config.matmul_dtype)
 

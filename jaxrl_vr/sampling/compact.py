@@ -16,7 +16,7 @@ reads only the slots written by its segment's end). Compiled programs: one decod
 cache only grows, so one rollout visits at most 2·log2(B / MIN_BUCKET) + segments of them
 (10 for B = 64 and 4 segments; 7 buckets × 4 cache lengths exist), and `_regroup` (a gather) per transition. Which pairs a
 rollout visits depends on where its rows stop, so a later rollout can still compile one
-mid-decode (about 2 s each for SmolLM2 on 2 cores); `precompile` compiles every pair of a
+mid-decode (seconds each for a real model on a small CPU); `precompile` compiles every pair of a
 rollout shape up front, for runs (and benchmarks) that want no compilation after warm-up.
 
 Exactness: at step s, row b (its index in the full prompt-major batch) draws with the b-th
@@ -82,8 +82,9 @@ def batch_bucket(live: int, batch: int) -> int:
     most `batch`. With powers of two alone a bucket could be half padding (17 live rows in 32);
     here at most a third. The long tail of a ragged rollout runs in the bucket of the answers
     that reach the cap, and a small decode step costs a fixed part (the weights streamed once)
-    plus a part per row: the bf16 SmolLM2 step took about 45, 80 and 128 ms at 16, 32 and 64
-    rows on a 2-core Zen 4 EPYC (issue 43)."""
+    plus a part per row: the bf16 SmolLM2 step over 160 cache slots took about 48, 55 and
+    115-129 ms at 16, 24 and 64 rows on a 2-core Zen 4 EPYC (docs/performance.md, issue 43;
+    benchmarks/results/ragged_rollout_epyc_zen4_cache_*.json)."""
     live = max(int(live), 1)
     power = 1 << (live - 1).bit_length()
     bucket = power * 3 // 4 if power >= 4 and power * 3 // 4 >= live else power

@@ -350,11 +350,10 @@ def generate(key: jax.Array, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *
       pad_id: written after the stop token.
       bucket: prompt length and response buffer are rounded up to multiples of this.
       cache_dtype: KV-cache dtype; None = `decoder.default_cache_dtype`: float32 on CPU up to
-        512 slots (prompt bucket + response buffer) under float32 compute and 1024 under bf16,
-        where a decode step's attention then runs in float32 on the cache as it is (faster
-        under bf16 compute too, "perf26" in docs/performance.md), else the model's compute
-        dtype. With a bf16 cache, or over more slots, the attention dots cast keys and values
-        to the compute dtype.
+        512 slots (prompt bucket + response buffer), where a decode step's attention then runs
+        in float32 on the cache as it is (faster under bf16 compute too, "perf26" in
+        docs/performance.md), else the model's compute dtype. With a bf16 cache, or over more
+        slots, the attention dots cast keys and values to the compute dtype.
       decode_segments: the decode loop runs as this many loops over equal parts of the
         response buffer, each attending over only the cache slots written by its end (about
         (n - 1) / 2n of the buffer's slots fewer read per step; one compiled loop body per

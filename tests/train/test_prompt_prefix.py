@@ -186,7 +186,12 @@ def test_the_trainer_shares_prompts_when_minibatches_keep_whole_groups(tmp_path)
     assert [r["trained_tokens"] for r in rows_shared] == [r["trained_tokens"] for r in rows_plain]
     # Real gradients, not rounding noise: mixed groups and a gradient norm of order one.
     assert any(r["adv_std"] > 0 for r in rows_plain) and max(r["grad_norm"] for r in rows_plain) > 0.1, rows_plain
-    chex.assert_trees_all_close(shared.state.train.params, plain.state.train.params, rtol=1e-4, atol=1e-5)
+    for name in ("loss", "grad_norm"):  # each step's gradient, from the same parameters up to rounding
+        np.testing.assert_allclose([r[name] for r in rows_shared], [r[name] for r in rows_plain], rtol=1e-3,
+                                   err_msg=name)
+    # Four Adam steps at lr 0.05 move the weights (~0.1) by ~1e-2 each: a wrong shared-prefix gradient
+    # shows at that scale. Summation order alone moved one near-zero weight by 1.6e-5 on a Zen 4 EPYC.
+    chex.assert_trees_all_close(shared.state.train.params, plain.state.train.params, rtol=1e-4, atol=1e-4)
 
 
 def test_the_rl_config_keeps_prompt_group_size_for_the_trainer():
