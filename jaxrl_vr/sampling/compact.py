@@ -6,18 +6,20 @@ until the last one stops: a finished row still costs a full decode step (its mat
 LM head and its attention over the cache). Here the decode is a host-driven sequence of
 jitted chunks of at most `compact_every` steps. Between two chunks the host reads which rows
 are done; when the live rows fit a smaller batch bucket (`batch_bucket`: powers of two and
-their 1.5 multiples, at least MIN_BUCKET) it gathers their decode state (last logits, KV cache, positions and their
-outputs so far) into that bucket, and the following chunks decode only them. A finished
-row's outputs are copied out as they are. The decode stops when every row is done.
+their 1.5 multiples, at least MIN_BUCKET) it gathers their decode state (last logits, KV
+cache, positions and their outputs so far) into that bucket, and the following chunks decode
+only them. A finished row's outputs are copied out as they are. The decode stops when every
+row is done.
 
 The cache still grows by segments (`sampler.decode_segment_ends`: each chunk's attention
 reads only the slots written by its segment's end). Compiled programs: one decode chunk per
 (batch bucket, cache length) pair that a rollout visits; the bucket only shrinks and the
 cache only grows, so one rollout visits at most 2·log2(B / MIN_BUCKET) + segments of them
-(10 for B = 64 and 4 segments; 7 buckets × 4 cache lengths exist), and `_regroup` (a gather) per transition. Which pairs a
-rollout visits depends on where its rows stop, so a later rollout can still compile one
-mid-decode (seconds each for a real model on a small CPU); `precompile` compiles every pair of a
-rollout shape up front, for runs (and benchmarks) that want no compilation after warm-up.
+(10 for B = 64 and 4 segments; 7 buckets × 4 cache lengths exist), and `_regroup` (a
+gather) per transition. Which pairs a rollout visits depends on where its rows stop, so a
+later rollout can still compile one mid-decode (seconds each for a real model on a small
+CPU); `precompile` compiles every pair of a rollout shape up front, for runs (and
+benchmarks) that want no compilation after warm-up.
 
 Exactness: at step s, row b (its index in the full prompt-major batch) draws with the b-th
 of ``uniform(fold_in(key, s), (B,))`` (`sampler.row_uniforms`), the uniform the uncompacted
@@ -263,7 +265,8 @@ def precompile(model, prompt_tokens_ps, prompt_mask_ps, *, num_samples: int, max
     are part of the compiled programs' signature, so pass the ones the rollouts will use).
     """
     key = generate_kwargs.pop("key", jax.random.key(0))
-    generate_kwargs.pop("compact", None), generate_kwargs.pop("compact_every", None)
+    for unused in ("compact", "compact_every"):  # `generate` options that no compiled chunk depends on
+        generate_kwargs.pop(unused, None)
     (graphdef, state, key, tokens_ps, mask_ps, max_new, temperature, top_p, top_k, stop_ids_n, pad_id), kwargs = \
         sampler_lib.generate_core_call(key, model, prompt_tokens_ps, prompt_mask_ps, num_samples=num_samples,
                                        max_new_tokens=max_new_tokens, **{
