@@ -283,14 +283,15 @@ def main(argv=None) -> dict:
     runner = single_turn_runner(tokenizer, args.max_new_tokens,
                                 eos_ids=None if args.allow_eos else ())  # None: the tokenizer's EOS
     key = jax.random.key(0)
-    if args.allow_eos and not args.no_precompile:
+    precompile = args.allow_eos and not args.no_precompile
+    if precompile:
         # Steady state: a long run has compiled every decode chunk its rollouts visit; a few
-        # timed steps would otherwise pay ~2 s per (bucket, cache length) pair not seen before.
+        # timed steps would otherwise compile each (bucket, cache length) pair not seen before.
         first_ps, first_mask_ps = encode(tokenizer, all_prompts[:args.prompts], args.max_prompt_tokens)
         precompiled = compact_lib.precompile(
             nnx.merge(graphdef, state.params, rest), first_ps, first_mask_ps, num_samples=args.gens,
-            max_new_tokens=args.max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-            top_k=sampling.top_k, stop_token_ids=(tokenizer.eos_id,), pad_id=tokenizer.pad_id or 0)
+            max_new_tokens=args.max_new_tokens, stop_token_ids=runner.eos_ids, pad_id=runner.pad_id,
+            **sampling._asdict())
         print(f"precompiled {precompiled} decode chunks", flush=True)
     records = []
     for step in range(args.warmup + args.steps):
@@ -352,7 +353,7 @@ def main(argv=None) -> dict:
         "prompt_group_size": group,
         "prompts_sha": prompts_sha,
         "allow_eos": args.allow_eos,
-        "rollout_precompiled": bool(args.allow_eos and not args.no_precompile),
+        "rollout_precompiled": precompile,
         "mean_response_len": statistics.mean(r["mean_response_len"] for r in timed),
         "max_response_len": max(r["max_response_len"] for r in timed),
         "mean_gen_tokens_per_step": statistics.mean(r["gen_tokens"] for r in timed),  # bench_common's name

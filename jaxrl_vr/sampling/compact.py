@@ -32,6 +32,7 @@ boundary, as `decode_segments` can).
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import NamedTuple
 
 import jax
@@ -267,12 +268,12 @@ def precompile(model, prompt_tokens_ps, prompt_mask_ps, *, num_samples: int, max
     key = generate_kwargs.pop("key", jax.random.key(0))
     for unused in ("compact", "compact_every"):  # `generate` options that no compiled chunk depends on
         generate_kwargs.pop(unused, None)
+    core_options = inspect.signature(sampler_lib.generate_core_call).parameters  # generate's defaults for them
+    options = {name: p.default for name, p in inspect.signature(sampler_lib.generate).parameters.items()
+               if name in core_options and p.default is not p.empty}
+    options.update(generate_kwargs, num_samples=num_samples, max_new_tokens=max_new_tokens)
     (graphdef, state, key, tokens_ps, mask_ps, max_new, temperature, top_p, top_k, stop_ids_n, pad_id), kwargs = \
-        sampler_lib.generate_core_call(key, model, prompt_tokens_ps, prompt_mask_ps, num_samples=num_samples,
-                                       max_new_tokens=max_new_tokens, **{
-                                           "temperature": 1.0, "top_p": 1.0, "top_k": 0, "greedy": False,
-                                           "stop_token_ids": None, "pad_id": 0, "bucket": sampler_lib.DEFAULT_BUCKET,
-                                           "cache_dtype": None, **generate_kwargs})
+        sampler_lib.generate_core_call(key, model, prompt_tokens_ps, prompt_mask_ps, **options)
     num_prompts, prompt_len = tokens_ps.shape
     batch = num_prompts * num_samples
     buffer_len = kwargs["buffer_len"]
