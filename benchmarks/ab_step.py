@@ -14,7 +14,8 @@ even 5 wins is p = 0.06, so a claimed difference wants 8 or more.
 
     python benchmarks/ab_step.py benchmarks/ab_variants/attention_layout.py \\
         --model-dir $PEERS_ROOT/models/smollm2-135m --prompts-file prompts.jsonl \\
-        [--what update|rollout|long-rollout] [--precision bf16] [--pairs 5] [--json out.json]
+        [--what update|rollout|long-rollout] [--precision bf16] [-P 8 -G 8 --max-new-tokens 64] \\
+        [--pairs 5] [--json out.json]
 """
 
 from __future__ import annotations
@@ -117,6 +118,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "tokens and end rows at other lengths: each rollout's generated tokens are reported")
     parser.add_argument("--precision", choices=tuple(rl_step.PRECISIONS), default="fp32")
     parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("-P", "--prompts", type=int, default=profile_step.PROMPTS)
+    parser.add_argument("-G", "--gens", type=int, default=profile_step.SAMPLES)
+    parser.add_argument("--max-new-tokens", type=int, default=profile_step.NEW_TOKENS)
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--warm-calls", type=int, default=2,
                         help="untimed calls of each variant first (the update's second call still faults its heap in)")
@@ -139,14 +143,16 @@ def main(argv=None):
     else:
         model, prompt_ps, mask_ps = profile_step.load_workload(args)
     if args.what == "update":
-        rollout = profile_step.workload_rollout(model, prompt_ps, mask_ps)
+        rollout = profile_step.workload_rollout(model, prompt_ps, mask_ps, args.gens, args.max_new_tokens)
         # profile_step's own defaults for what update_call reads (LM-head chunk, shared prefix).
         profile_args = profile_step.parse_args(["--model-dir", args.model_dir, "--prompts-file", args.prompts_file,
                                                 "--precision", args.precision,
-                                                "--microbatches", str(args.microbatches)])
+                                                "--microbatches", str(args.microbatches), "-P", str(args.prompts),
+                                                "-G", str(args.gens), "--max-new-tokens", str(args.max_new_tokens)])
         build = lambda: profile_step.update_call(profile_args, model, rollout)  # noqa: E731
     elif args.what == "rollout":
-        build = lambda: profile_step.rollout_call(model, prompt_ps, mask_ps)  # noqa: E731
+        build = lambda: profile_step.rollout_call(model, prompt_ps, mask_ps, num_samples=args.gens,  # noqa: E731
+                                                  max_new_tokens=args.max_new_tokens)
     else:
         build = lambda: profile_step.long_rollout_call(model, args.model_dir)  # noqa: E731
     runs = compile_variants(variants, build)

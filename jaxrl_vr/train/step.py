@@ -674,9 +674,9 @@ def _accumulate(params, rest, batch, hyper, controller, cfg, objective_fn, with_
     With several micro-batches over more than MIN_MICROBATCH_WIDTH response columns
     (`microbatch_widths`), the rows are sorted by response length and micro-batch m takes
     the m-th B/M shortest, run at the narrowest width bucket holding them (one loop per
-    bucket over its run of micro-batches, so one compiled step serves every mix of lengths): a batch of short
-    answers with a few long ones pays the long width only in the micro-batches that hold
-    them. The columns cut are masked in every row they are cut from, so every sum is the same
+    bucket over its run of micro-batches, so one compiled step serves every mix of lengths):
+    a batch of short answers with a few long ones pays the long width only in the
+    micro-batches that hold them. The columns cut are masked in every row they are cut from, so every sum is the same
     (up to float summation order); the denominators stay the full batch's.
 
     The step's shared tables (``step_tables``: prompt prefixes, a tied unembedding) are

@@ -199,7 +199,7 @@ def test_length_bucketed_microbatches_equal_the_full_batch(aggregation):
 def test_length_bucketed_train_step_with_shared_prefixes_equals_the_strided_one():
     """The decoder with shared prompt prefixes (rows of one prompt land in different
     micro-batches): same update and metrics as one full-width micro-batch; the compiled step
-    holds one branch per width, and a batch of other lengths reuses it."""
+    holds one loop per width, and a batch of other lengths reuses it."""
     model = Decoder(DecoderConfig.tiny(13, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
                                        num_kv_heads=1, head_dim=8, bos_token_id=1, eos_token_id=2,
                                        pad_token_id=0), rngs=nnx.Rngs(0))
