@@ -597,11 +597,14 @@ def runtime_zero(anchor: jax.Array) -> jax.Array:
     """A float32 0 that XLA cannot treat as a constant: ``0 * anchor`` (finite `anchor`).
 
     The gradient accumulators start from it. Zeros broadcast from a constant are merged by
-    XLA with every other constant zero of the same shape, among them the layer stacks that
-    the prefix's backward pass (after the micro-batch loop) fills, so one buffer of each
-    shape lived from the accumulators' start to that backward pass: 516 MiB for
-    SmolLM2-135M through the activation peak (docs/performance.md at 9f22ea1, "perf24"). XLA keeps
-    ``x * 0`` for floats (NaN and inf times 0 are NaN), so these zeros stay apart.
+    XLA with every other constant zero of the same shape: before the layer gradient sink, the
+    layer stacks that the prefix's backward pass (after the micro-batch loop) filled, so one
+    buffer of each shape lived from the accumulators' start to that backward pass: 516 MiB
+    for SmolLM2-135M through the activation peak (docs/performance.md at 9f22ea1, "perf24").
+    With the sink that backward pass forms no stacks, and on a Decoder the two kinds of zeros
+    give the same temporaries (tests/test_host_memory.py); other models' accumulators still
+    start from it. XLA keeps ``x * 0`` for floats (NaN and inf times 0 are NaN), so these zeros
+    stay apart.
     """
     return jnp.zeros((), jnp.float32) * jnp.asarray(anchor, jnp.float32)
 

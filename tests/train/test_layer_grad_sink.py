@@ -40,8 +40,8 @@ def _without_sink(monkeypatch):
     monkeypatch.setattr(step_lib, "_layer_sink", lambda *args: None)
 
 
-@pytest.mark.parametrize("case", ["plain", "shared_prefix", "length_buckets", "lora"])
-@pytest.mark.parametrize("jit", [True, False])
+@pytest.mark.parametrize("case, jit", [("plain", True), ("plain", False), ("shared_prefix", True),
+                                       ("length_buckets", True), ("lora", True)])
 def test_the_sink_gives_the_gradient_of_jax_grad(case, jit, monkeypatch):
     """Three layers (each slice of the accumulator distinct), several micro-batches: the same
     loss and gradient as the plain `jax.value_and_grad` of each micro-batch summed; with
