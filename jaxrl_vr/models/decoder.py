@@ -386,7 +386,7 @@ class DecoderLayers(nnx.Module):
             value = params.get(f"layers.{name}")
             setattr(self, name, None if value is None else nnx.Param(value))
         self.lora_scale = 0.0
-        self.grad_sink = None  # a LayerGradSink while an update's micro-batch runs (`sink_layer_grads`)
+        self.grad_sink = None  # a LayerGradSink while an update differentiates (`train.step._accumulate`)
 
     def stacked(self) -> dict[str, jax.Array]:
         """Present parameters (and adapters) as a dict of [L, ...] arrays (the xs of the layer scan)."""
