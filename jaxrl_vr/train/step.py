@@ -572,7 +572,7 @@ def make_loss_fn(graphdef, cfg: LossConfig):
     def microbatch_objective(params, rest, mb, hyper, controller, dens, tables=None, prompt_index_b=None,
                              layer_grads=None):
         model = nnx.merge(graphdef, params, rest)
-        if layer_grads is not None:  # `_accumulate`'s gradient sink: returned as sums["layer_grads"]
+        if layer_grads:  # `_accumulate`'s gradient sink: returned as sums["layer_grads"]
             model.layers.grad_sink = LayerGradSink(layer_grads)
         tables = tables or {}
         prefix = tables["prefix"].rows(prompt_index_b) if "prefix" in tables else None
@@ -580,7 +580,7 @@ def make_loss_fn(graphdef, cfg: LossConfig):
             model, mb, hyper, controller, cfg, prefix, tables.get("unembed")
         )
         if layer_grads is not None:
-            sums = dict(sums, layer_grads=model.layers.grad_sink.acc)
+            sums = dict(sums, layer_grads=model.layers.grad_sink.acc if layer_grads else layer_grads)
         policy_den, kl_den = dens
         objective = losses.finalize(policy_num, policy_den)
         if cfg.use_kl:
@@ -657,17 +657,24 @@ class _LayerSink(NamedTuple):
         return nnx.merge_state(layers, other_grads)
 
 
-def _layer_sink(graphdef, params, rest) -> _LayerSink | None:
-    """A `_LayerSink` when the model is a `Decoder` whose stacked layers hold trainable
-    parameters (the full model, or LoRA's adapters), else None (plain `jax.grad`)."""
+def _no_layer_sink(params) -> _LayerSink:
+    """The split with nothing in the sink: every parameter takes its gradient as usual."""
+    layers = nnx.State({})
+    return _LayerSink(layers, params, (), jax.tree_util.tree_structure(layers))
+
+
+def _layer_sink(graphdef, params, rest) -> _LayerSink:
+    """The split of ``params`` around the gradient sink: the stacked layer leaves of a
+    `Decoder` (the full model's, or LoRA's adapters) go through it; other models (the
+    tests' toy policies) get `_no_layer_sink`."""
     if "layers" not in params or not isinstance(getattr(nnx.merge(graphdef, params, rest), "layers", None),
                                                  DecoderLayers):
-        return None
+        return _no_layer_sink(params)
     layers, other = nnx.split_state(params, nnx.PathContains("layers"), ...)
     leaves, treedef = jax.tree_util.tree_flatten(layers)
     names = tuple(sorted(params["layers"].keys()))
     if len(names) != len(leaves):
-        return None
+        return _no_layer_sink(params)
     return _LayerSink(layers, other, names, treedef)
 
 
@@ -693,31 +700,24 @@ def _accumulate(params, rest, batch, hyper, controller, cfg, objective_fn, with_
     gradient into its slice in place. A micro-batch then forms no stacked gradient of its own
     to add to the accumulator: one [L, ...] buffer less (1.5 GiB for the 0.4B model) and one
     pass less over it per micro-batch. The other parameters' gradients (embedding, final
-    norm, LM head) are summed as usual.
+    norm, LM head; every parameter of a model without `DecoderLayers`) are summed as usual.
     """
     dens = loss_denominators(batch, cfg)
     group = cfg.prompt_group_size
     zero = runtime_zero(dens[0])
-    sink = _layer_sink(graphdef, params, rest) if with_grad else None
+    sink = _layer_sink(graphdef, params, rest)
 
-    if sink is not None:
-        def tables_fn(other, layer_grads):  # a shared prefix's layer scan feeds the sink too
-            model = nnx.merge(graphdef, sink.params(other), rest)
+    def tables_fn(other, layer_grads):  # a shared prefix's layer scan feeds the sink too
+        model = nnx.merge(graphdef, sink.params(other), rest)
+        if layer_grads:
             model.layers.grad_sink = LayerGradSink(layer_grads)
-            return step_tables(model, batch, cfg), model.layers.grad_sink.acc
+        return step_tables(model, batch, cfg), model.layers.grad_sink.acc if layer_grads else layer_grads
 
-        layer_zeros = sink.zeros(zero)
+    layer_zeros = sink.zeros(zero)
+    if with_grad:
         (tables, _), tables_vjp = jax.vjp(tables_fn, sink.other, layer_zeros)
-        diff_params = sink.other
     else:
-        def tables_fn(p):
-            return step_tables(nnx.merge(graphdef, p, rest), batch, cfg)
-
-        if with_grad:
-            tables, tables_vjp = jax.vjp(tables_fn, params)
-        else:
-            tables = tables_fn(params)
-        diff_params = params
+        tables, _ = tables_fn(sink.other, {})
     index_b = jnp.arange(batch.tokens_bt.shape[0], dtype=jnp.int32) // group
     widths = microbatch_widths(batch.tokens_bt.shape[1], cfg)
     if widths:  # Length-sorted micro-batches, each run at its own width bucket (one loop per bucket).
@@ -725,15 +725,11 @@ def _accumulate(params, rest, batch, hyper, controller, cfg, objective_fn, with_
     else:
         xs = (_split_microbatches(batch, cfg.num_microbatches), _split_microbatches(index_b, cfg.num_microbatches),
               jnp.zeros((cfg.num_microbatches,), jnp.int32))
-    if with_grad:
-        value_and_grad = jax.value_and_grad(objective_fn, argnums=(0, 6), has_aux=True)
 
     def evaluate(mb, index, layer_grads):
-        """((loss, sums), (grads of diff_params, grads of tables) | None, layer_grads)."""
+        """((loss, sums), (grads of the other parameters, grads of tables) | None, layer_grads)."""
         if not with_grad:
             return objective_fn(params, rest, mb, hyper, controller, dens, tables, index), None, layer_grads
-        if sink is None:
-            return *value_and_grad(params, rest, mb, hyper, controller, dens, tables, index), layer_grads
 
         def sunk(other, tables, layer_grads):
             loss, sums = objective_fn(sink.params(other), rest, mb, hyper, controller, dens, tables, index,
@@ -764,8 +760,8 @@ def _accumulate(params, rest, batch, hyper, controller, cfg, objective_fn, with_
     )
     zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums_shape)
     zeros_like = lambda tree: jax.tree.map(lambda p: jnp.full(p.shape, zero, jnp.float32), tree)  # noqa: E731
-    zero_grads = (zeros_like(diff_params), zeros_like(tables)) if with_grad else None
-    init = (jnp.zeros((), jnp.float32), zero_grads, layer_zeros if sink is not None else None, zero_sums)
+    zero_grads = (zeros_like(sink.other), zeros_like(tables)) if with_grad else None
+    init = (jnp.zeros((), jnp.float32), zero_grads, layer_zeros if with_grad else None, zero_sums)
     if widths:
         # The micro-batches are sorted by length, so each width bucket holds a contiguous
         # run of them: one loop per bucket, in order. (A `lax.switch` per micro-batch made
@@ -781,17 +777,12 @@ def _accumulate(params, rest, batch, hyper, controller, cfg, objective_fn, with_
         carry, _ = jax.lax.scan(lambda carry, x: (add_microbatch(carry, x[0], x[1], None), None), init, xs)
     loss, grads, layer_grads, sums = carry
     if with_grad:
-        param_grads, table_grads = grads
-        if sink is not None:
-            if tables:  # a shared prefix's layer scan adds its share to the sink in place
-                table_cts = jax.tree.map(lambda g, x: g.astype(x.dtype), table_grads, tables)
-                through_tables, layer_grads = tables_vjp((table_cts, layer_grads))
-                param_grads = jax.tree.map(lambda a, b: a + b.astype(a.dtype), param_grads, through_tables)
-            param_grads = sink.grads(param_grads, layer_grads)
-        elif tables:
-            (through_tables,) = tables_vjp(jax.tree.map(lambda g, x: g.astype(x.dtype), table_grads, tables))
-            param_grads = jax.tree.map(lambda a, b: a + b.astype(a.dtype), param_grads, through_tables)
-        grads = param_grads
+        other_grads, table_grads = grads
+        if tables:  # a shared prefix's layer scan adds its share to the sink in place
+            table_cts = jax.tree.map(lambda g, x: g.astype(x.dtype), table_grads, tables)
+            through_tables, layer_grads = tables_vjp((table_cts, layer_grads))
+            other_grads = jax.tree.map(lambda a, b: a + b.astype(a.dtype), other_grads, through_tables)
+        grads = sink.grads(other_grads, layer_grads)
     return loss, grads, sums, dens
 
 
