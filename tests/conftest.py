@@ -18,6 +18,13 @@ if "JAXRL_VR_CACHE_HOME" not in os.environ:
 
 import jax  # noqa: E402
 
+from jaxrl_vr import compilation_cache  # noqa: E402
+
+# The test processes (pytest-xdist's workers inherit the cache home above) and the CLIs they
+# start share one persistent compilation cache, so a program built again by a later test (a
+# resumed pipeline, the same tiny model's step) is loaded instead of compiled.
+compilation_cache.enable_compilation_cache(compilation_cache.default_cache_dir(), min_compile_time_s=0.0)
+
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 import hypothesis  # noqa: E402

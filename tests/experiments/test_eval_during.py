@@ -78,8 +78,7 @@ def test_cli_run_with_evaluations_during_training_and_two_more_evaluation_sets(t
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.train", "--config=experiments/configs/default.py:smoke",
          f"--workdir={workdir}", "--config.rl.steps=4", "--config.eval.every=2", "--config.eval.during_samples=4",
-         f"--config.task.eval_paths={','.join(sets)}", "--config.run.export=False",
-         "--config.run.compilation_cache="],
+         f"--config.task.eval_paths={','.join(sets)}", "--config.run.export=False"],
         cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read_jsonl(str(workdir / "metrics.jsonl"))

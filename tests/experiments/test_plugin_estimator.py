@@ -56,7 +56,7 @@ def test_an_estimator_registered_outside_the_package_runs_from_the_cli(tmp_path)
         [sys.executable, "-m", "experiments.train", f"--config={tmp_path / 'my_config.py'}",
          f"--workdir={workdir}", "--config.rl.estimator.name=constant",
          "--config.rl.estimator.value=2.5", "--config.rl.steps=1", "--config.run.export=False",
-         "--config.run.tensorboard=False", "--config.run.compilation_cache="],
+         "--config.run.tensorboard=False"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(workdir / "config.json") as f:
