@@ -71,7 +71,7 @@ def apply_setting(setting: str) -> str | None:
 def enable_compilation_cache(path: str, *, max_bytes: int = DEFAULT_MAX_BYTES,
                              min_compile_time_s: float = DEFAULT_MIN_COMPILE_TIME_S) -> str:
     """Turns JAX's persistent compilation cache on at `path` (created if missing), capped at
-    `max_bytes` (least recently used entries go first; uncapped where `filelock` is missing),
+    `max_bytes` (least recently used entries go first; uncapped at -1 or where `filelock` is missing),
     for programs that took at least `min_compile_time_s` to compile. Call it before the first
     compilation: JAX opens the cache once, at its first use. Returns `path`."""
     import jax  # Late: importing this module must not initialise JAX.
