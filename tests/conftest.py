@@ -24,7 +24,20 @@ from jaxrl_vr import compilation_cache  # noqa: E402
 # persistent compilation cache, so a program built again by a later test (a resumed pipeline,
 # the same tiny model's step) is loaded instead of compiled. Every program is kept and none is
 # evicted: JAX's eviction lists and stats the whole directory under a lock at each write, which
-# with thousands of small programs made the suite slower, not faster. The CLIs that tests start
+# with thousands of small programs looked like it slowed the suite. The CLIs that tests start
 # keep their own cache ("auto", under the same home, with eviction).
 compilation_cache.enable_compilation_cache(os.path.join(os.environ["JAXRL_VR_CACHE_HOME"], "xla-tests"),
                                            max_bytes=-1, min_compile_time_s=0.0)
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+import hypothesis  # noqa: E402
+
+# Property tests draw the same examples on every run, so CI never fails by chance.
+hypothesis.settings.register_profile("jaxrl_vr", derandomize=True, deadline=None)
+hypothesis.settings.load_profile("jaxrl_vr")
+
+import sys  # noqa: E402
+
+# Shared test helpers (tests/*_testlib.py) import from any test folder.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
