@@ -11,7 +11,7 @@ built on that library can reach here: perf29 (docs/performance.md) measured XLA 
 torch at 128 GFLOP/s (fp32, 64 rows) on a Zen 5 EPYC, where our rollout leads TRL's 3×; perf18 measured a
 torch MLP stack 11 % faster than XLA's on an AMX Xeon, where the lead was 1.6×.
 
-    python benchmarks/decode_dots.py [--rows 64] [--steps 63] [--rounds 2] [--precision bf16] \\
+    python benchmarks/decode_dots.py [--shapes wide-qwen2] [--rows 64] [--steps 63] [--rounds 2] [--precision bf16] \\
         [--torch-python $PEERS_ROOT/venv-trl/bin/python] [--out benchmarks/results/decode_dots.json]
 
 bf16: bf16 weights (cast once, outside the timed calls) on both sides; bf16 operands with
@@ -31,6 +31,11 @@ import time
 
 SMOLLM2_135M = dict(layers=30, hidden=576, q_width=576, kv_width=192, intermediate=1536, vocab=49152)
 """The dot shapes of SmolLM2-135M: 9 query heads and 3 kv heads of 64, tied 49,152-token head."""
+
+WIDE_QWEN2 = dict(layers=24, hidden=896, q_width=896, kv_width=128, intermediate=4864, vocab=49152)
+"""The dot shapes of the peers' `wide-qwen2` (Qwen2.5-0.5B's layers): 14 query and 2 kv heads of 64."""
+
+SHAPES = {"smollm2-135m": SMOLLM2_135M, "wide-qwen2": WIDE_QWEN2}
 
 
 def layer_weight_shapes(layers: int, hidden: int, q_width: int, kv_width: int, intermediate: int,
@@ -66,7 +71,7 @@ def jax_side(args) -> list[float]:
     import jax.numpy as jnp
     import numpy as np
 
-    s = SMOLLM2_135M
+    s = SHAPES[args.shapes]
     dtype = jnp.bfloat16 if args.precision == "bf16" else jnp.float32
     rng = np.random.default_rng(0)
     shapes = layer_weight_shapes(**s)
@@ -99,7 +104,7 @@ def torch_side(args) -> list[float]:
 
     import torch
 
-    s = SMOLLM2_135M
+    s = SHAPES[args.shapes]
     gen = torch.Generator().manual_seed(0)
     shapes = layer_weight_shapes(**s)
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # cast once, as on our side
@@ -143,6 +148,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--torch-python", default=os.path.join(peers, "venv-trl", "bin", "python"))
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--shapes", choices=sorted(SHAPES), default="smollm2-135m", help="whose dot shapes")
     parser.add_argument("--steps", type=int, default=63, help="decode steps per call (the rollout's 64 tokens)")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per process, after one warm-up")
     parser.add_argument("--rounds", type=int, default=2, help="processes per side, alternated")
@@ -169,15 +175,15 @@ def main(argv=None) -> dict:
             out_path = os.path.join(work, f"{side}_{index}.json")
             python = sys.executable if side == "jax" else args.torch_python
             subprocess.run([python, os.path.abspath(__file__), "--side", side, "--child-out", out_path,
-                            "--precision", args.precision, "--rows", str(args.rows), "--steps", str(args.steps),
+                            "--precision", args.precision, "--shapes", args.shapes, "--rows", str(args.rows), "--steps", str(args.steps),
                             "--repeats", str(args.repeats)], check=True)
             with open(out_path) as f:
                 times[side].append(json.load(f))
             print(f"round {index + 1}/{args.rounds} {side}: " + ", ".join(f"{t:.2f}" for t in times[side][-1])
                   + " s", flush=True)
             load.append(os.getloadavg()[0])
-    flops = args.steps * step_flops(args.rows, **SMOLLM2_135M)
-    report = {"precision": args.precision, "rows": args.rows, "steps": args.steps, "flops": flops,
+    flops = args.steps * step_flops(args.rows, **SHAPES[args.shapes])
+    report = {"precision": args.precision, "shapes": args.shapes, "rows": args.rows, "steps": args.steps, "flops": flops,
               "cpu_count": os.cpu_count(), "load_1m": load, "times_s": times, **summarize(times, flops)}
     print(f"{args.precision} dots at {args.rows} rows: jax {report['jax']['gflops']:.0f} GFLOP/s, "
           f"torch {report['torch']['gflops']:.0f} GFLOP/s (torch / jax {report['torch_over_jax_gflops']:.2f})")

@@ -17,6 +17,9 @@ def test_step_flops_by_hand():
     assert decode_dots.step_flops(4, layers=1, hidden=2, q_width=2, kv_width=1, intermediate=3, vocab=5) == 320
     # SmolLM2-135M at the rollout's 64 rows: 2 · 64 · (30 · 3,538,944 + 576 · 49,152) FLOPs.
     assert decode_dots.step_flops(64, **decode_dots.SMOLLM2_135M) == 2 * 64 * (30 * 3_538_944 + 576 * 49_152)
+    # wide-qwen2 at the 0.4B workload's 32 rows: per layer q, o 896·896, k, v 896·128, gate, up,
+    # down 896·4864 = 1,605,632 + 229,376 + 13,074,432 = 14,909,440; head 896 · 49,152.
+    assert decode_dots.step_flops(32, **decode_dots.WIDE_QWEN2) == 2 * 32 * (24 * 14_909_440 + 896 * 49_152)
 
 
 def test_the_weight_shapes_are_what_step_flops_counts():
