@@ -3,6 +3,7 @@ adapters and resume, and ``model.lora`` is validated and reaches the CLI run."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -14,7 +15,8 @@ import pytest
 from flax import nnx
 
 from jaxrl_vr.config_tree import ConfigError
-from jaxrl_vr.models.decoder import lora_names
+from jaxrl_vr.models.config import DecoderConfig
+from jaxrl_vr.models.decoder import Decoder, lora_names
 from jaxrl_vr.models.lora import LORA_TARGETS, add_lora, lora_off
 from jaxrl_vr.models.tokenizers import CharTokenizer
 from jaxrl_vr.tasks import arithmetic
@@ -58,6 +60,22 @@ def test_only_the_adapters_are_trained_and_hold_optimizer_state():
     trained = nnx.to_pure_dict(state.params)["layers"]
     assert all(np.abs(np.asarray(trained[lora_names(t)[1]])).max() > 0 for t in LORA_TARGETS)  # B moved off 0
     chex.assert_trees_all_equal(jax.tree.map(np.asarray, rest), base)
+
+
+def test_the_lora_update_computes_no_weight_gradient_of_the_frozen_base():
+    """The block matrices' weight gradients are a third of a full update's FLOPs. The compiled
+    LoRA update has dots of the adapters' shapes ([in, r] and [r, out]) and none of a block
+    matrix's ([in, out]: q and o, k and v, gate and up, down), which no other dot has here."""
+    config = DecoderConfig.tiny(13, hidden_size=48, intermediate_size=208, num_layers=1, num_heads=2,
+                                num_kv_heads=1, head_dim=24, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model = add_lora(Decoder(config, rngs=nnx.Rngs(0)), rank=4, alpha=8.0, key=jax.random.key(3))
+    graphdef, params, rest = step_lib.split_model(model)
+    loss_and_grad = step_lib.make_eval_loss(graphdef, LossConfig(num_microbatches=1))
+    compiled = jax.jit(lambda p, r, b, h: loss_and_grad(p, r, b, h, ())).lower(
+        params, rest, lib.random_batch(0, vocab=13), step_lib.StepHyper.create()).compile()
+    dots = set(re.findall(r"= (f32\[[\d,]+\])\{[\d,]*\} dot\(", compiled.as_text()))
+    assert {"f32[48,4]", "f32[4,208]"} <= dots, dots  # the adapters' gradients (gate's A and B)
+    assert not {"f32[48,48]", "f32[48,24]", "f32[48,208]", "f32[208,48]"} & dots, dots
 
 
 def test_the_reference_with_adapters_off_is_the_base_policy():
