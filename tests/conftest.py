@@ -18,6 +18,17 @@ if "JAXRL_VR_CACHE_HOME" not in os.environ:
 
 import jax  # noqa: E402
 
+from jaxrl_vr import compilation_cache  # noqa: E402
+
+# The test processes (pytest-xdist's workers inherit the cache home above) share one
+# persistent compilation cache, so a program built again by a later test (a resumed pipeline,
+# the same tiny model's step) is loaded instead of compiled. Every program is kept and none is
+# evicted: JAX's eviction lists and stats the whole directory under a lock at each write, which
+# with thousands of small programs looked like it slowed the suite. The CLIs that tests start
+# keep their own cache ("auto", under the same home, with eviction).
+compilation_cache.enable_compilation_cache(os.path.join(os.environ["JAXRL_VR_CACHE_HOME"], "xla-tests"),
+                                           max_bytes=-1, min_compile_time_s=0.0)
+
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 import hypothesis  # noqa: E402
