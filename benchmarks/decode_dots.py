@@ -1,9 +1,9 @@
 """The decode loop's dots alone, XLA against torch, side by side: how fast each library runs
 the rollout's small-M matmuls on this CPU.
 
-One decode step of a SmolLM2-135M-shaped model at `--rows` rows (the RL rollout's 64) is,
-as far as the dots go, per layer q, k, v, o, gate, up and down, then the LM head. This runs
-only those dots (random float32 weights, a residual chain so no step can be skipped) for
+One decode step of a SmolLM2-135M-shaped model (`--shapes wide-qwen2`: the peers' 0.4B model)
+at `--rows` rows (the RL rollout's 64) is, as far as the dots go, per layer q, k, v, o, gate,
+up and down, then the LM head. This runs only those dots (random float32 weights, a residual chain so no step can be skipped) for
 `--steps` steps in each library: XLA through `jax.jit` of a `fori_loop` in this environment,
 torch in the peer TRL venv (`--torch-python`), each in a fresh process, alternated `--rounds`
 times. Neither side attends, samples or normalises, so the result bounds what any rollout
@@ -175,16 +175,16 @@ def main(argv=None) -> dict:
             out_path = os.path.join(work, f"{side}_{index}.json")
             python = sys.executable if side == "jax" else args.torch_python
             subprocess.run([python, os.path.abspath(__file__), "--side", side, "--child-out", out_path,
-                            "--precision", args.precision, "--shapes", args.shapes, "--rows", str(args.rows), "--steps", str(args.steps),
-                            "--repeats", str(args.repeats)], check=True)
+                            "--precision", args.precision, "--shapes", args.shapes, "--rows", str(args.rows),
+                            "--steps", str(args.steps), "--repeats", str(args.repeats)], check=True)
             with open(out_path) as f:
                 times[side].append(json.load(f))
             print(f"round {index + 1}/{args.rounds} {side}: " + ", ".join(f"{t:.2f}" for t in times[side][-1])
                   + " s", flush=True)
             load.append(os.getloadavg()[0])
     flops = args.steps * step_flops(args.rows, **SHAPES[args.shapes])
-    report = {"precision": args.precision, "shapes": args.shapes, "rows": args.rows, "steps": args.steps, "flops": flops,
-              "cpu_count": os.cpu_count(), "load_1m": load, "times_s": times, **summarize(times, flops)}
+    report = {"precision": args.precision, "shapes": args.shapes, "rows": args.rows, "steps": args.steps,
+              "flops": flops, "cpu_count": os.cpu_count(), "load_1m": load, "times_s": times, **summarize(times, flops)}
     print(f"{args.precision} dots at {args.rows} rows: jax {report['jax']['gflops']:.0f} GFLOP/s, "
           f"torch {report['torch']['gflops']:.0f} GFLOP/s (torch / jax {report['torch_over_jax_gflops']:.2f})")
     if args.out:

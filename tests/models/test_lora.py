@@ -1,7 +1,6 @@
 """LoRA adapters on the Decoder: exact base at init, merge, adapters off, gradients, sampler."""
 
 import functools
-import re
 
 import chex
 import jax
@@ -17,6 +16,8 @@ from jaxrl_vr.models.hf_io import to_hf_state_dict
 from jaxrl_vr.models.lora import LORA_TARGETS, add_lora, has_lora, lora_off, lora_targets, merge_lora
 from jaxrl_vr.sampling import generate
 from jaxrl_vr.train import step as step_lib
+
+import hlo_testlib
 
 # Distinct sizes, so a weight gradient's shape is recognisable in compiled code:
 # D = 24, F = 40, H·Dh = 16, Hkv·Dh = 8, V = 36; rows × positions = 2 × 7.
@@ -173,9 +174,8 @@ def test_adapter_gradients_are_those_of_the_merged_weights(remat):
 
 def _weight_gradient_dots(hlo: str) -> list[str]:
     """Dots of compiled code whose output has the shape of a block matrix (weight gradients)."""
-    shapes = ("24,16", "24,8", "16,24", "24,40", "40,24", "36,24", "24,36")
-    return [line for line in hlo.splitlines() if " dot(" in line
-            and re.search(r"= f32\[(" + "|".join(shapes) + r")\]", line)]
+    shapes = {f"f32[{s}]" for s in ("24,16", "24,8", "16,24", "24,40", "40,24", "36,24", "24,36")}
+    return [shape for shape in hlo_testlib.dot_output_shapes(hlo).elements() if shape in shapes]
 
 
 def test_no_gradient_of_a_frozen_base_weight_is_computed():

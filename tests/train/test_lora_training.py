@@ -3,7 +3,6 @@ adapters and resume, and ``model.lora`` is validated and reaches the CLI run."""
 
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -26,6 +25,7 @@ from jaxrl_vr.train.optim import OptimConfig, make_optimizer
 from jaxrl_vr.train.step import LossConfig
 from jaxrl_vr.verifiers.pool import VerifyResult
 
+import hlo_testlib
 import trainer_testlib as lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -63,8 +63,9 @@ def test_only_the_adapters_are_trained_and_hold_optimizer_state():
 
 
 def test_the_lora_update_computes_no_weight_gradient_of_the_frozen_base():
-    """The block matrices' weight gradients are a third of a full update's FLOPs. The compiled
-    LoRA update has dots of the adapters' shapes ([in, r] and [r, out]) and none of a block
+    """The trainer's update (micro-batches, the layer gradient sink), as `test_lora.py` checks
+    `jax.grad` of the model: the block matrices' weight gradients are a third of a full
+    update's FLOPs. The compiled LoRA update has dots of the adapters' shapes ([in, r] and [r, out]) and none of a block
     matrix's ([in, out]: q and o, k and v, gate and up, down), which no other dot has here."""
     config = DecoderConfig.tiny(13, hidden_size=48, intermediate_size=208, num_layers=1, num_heads=2,
                                 num_kv_heads=1, head_dim=24, bos_token_id=1, eos_token_id=2, pad_token_id=0)
@@ -73,7 +74,7 @@ def test_the_lora_update_computes_no_weight_gradient_of_the_frozen_base():
     loss_and_grad = step_lib.make_eval_loss(graphdef, LossConfig(num_microbatches=1))
     compiled = jax.jit(lambda p, r, b, h: loss_and_grad(p, r, b, h, ())).lower(
         params, rest, lib.random_batch(0, vocab=13), step_lib.StepHyper.create()).compile()
-    dots = set(re.findall(r"= (f32\[[\d,]+\])\{[\d,]*\} dot\(", compiled.as_text()))
+    dots = set(hlo_testlib.dot_output_shapes(compiled.as_text()))
     assert {"f32[48,4]", "f32[4,208]"} <= dots, dots  # the adapters' gradients (gate's A and B)
     assert not {"f32[48,48]", "f32[48,24]", "f32[48,208]", "f32[208,48]"} & dots, dots
 
