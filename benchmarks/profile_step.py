@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import decode  # noqa: E402
 import rl_step  # noqa: E402
 from jaxrl_vr.host_memory import keep_host_memory, memory_optimized_cpu_schedule  # noqa: E402
-from jaxrl_vr.models import from_pretrained, load_tokenizer, set_compute_dtype  # noqa: E402
+from jaxrl_vr.models import add_lora, from_pretrained, load_tokenizer, set_compute_dtype  # noqa: E402
 from jaxrl_vr.sampling import generate  # noqa: E402
 from jaxrl_vr.sampling import sampler  # noqa: E402
 from jaxrl_vr.train import (  # noqa: E402
@@ -183,6 +183,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="sum the instructions of each source op (all layers' gate dots as one row)")
     parser.add_argument("--timeline-ms", type=float, default=0.0,
                         help="also print this many ms of both threads' ops from the middle of the call")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="train rank-R adapters on all seven block matrices of a frozen base, as rl_step.py")
     parser.add_argument("--json", default=None)
     parser.add_argument("--hlo-out", default=None,
                         help="also write the compiled HLO text here (to look up an instruction the profile names)")
@@ -221,8 +223,11 @@ def main(argv=None):
 
 
 def load_model(args):
-    """The model in `args.model_dir` at `args.precision`."""
-    return set_compute_dtype(from_pretrained(args.model_dir), rl_step.PRECISIONS[args.precision])
+    """The model in `args.model_dir` at `args.precision`, with rank-`args.lora_rank` adapters if set."""
+    model = set_compute_dtype(from_pretrained(args.model_dir), rl_step.PRECISIONS[args.precision])
+    if getattr(args, "lora_rank", 0):
+        add_lora(model, rank=args.lora_rank, alpha=2.0 * args.lora_rank, key=jax.random.key(43))
+    return model
 
 
 def load_workload(args):
