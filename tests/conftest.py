@@ -18,10 +18,15 @@ if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
 
 # Training CLIs run by tests keep their compiled programs out of the user's cache
 # (run.compilation_cache = "auto" resolves under this directory).
+# The process that makes the directory (pytest-xdist's controller, whose workers inherit it)
+# removes it when it exits.
 if "JAXRL_VR_CACHE_HOME" not in os.environ:
+    import atexit
+    import shutil
     import tempfile
 
     os.environ["JAXRL_VR_CACHE_HOME"] = tempfile.mkdtemp(prefix="jaxrl_vr_test_cache_")
+    atexit.register(shutil.rmtree, os.environ["JAXRL_VR_CACHE_HOME"], ignore_errors=True)
 
 import jax  # noqa: E402
 
