@@ -214,9 +214,10 @@ _TEMP_PROBE = textwrap.dedent("""
 
 
 def _update_temp_bytes(schedule_flag: bool, zeros: str) -> int:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    if schedule_flag:
-        env["XLA_FLAGS"] = host_memory.CPU_MEMORY_SCHEDULE_FLAG
+    # The probe only compiles, and LLVM's optimisation level (0: fast to compile, as
+    # conftest.py sets for the tests) does not change XLA's buffer assignment.
+    flags = ["--xla_backend_optimization_level=0"] + ([host_memory.CPU_MEMORY_SCHEDULE_FLAG] if schedule_flag else [])
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"XLA_FLAGS": " ".join(flags)}
     out = subprocess.run([sys.executable, "-c", _TEMP_PROBE, zeros], env=env, capture_output=True, text=True,
                          timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert out.returncode == 0, out.stderr[-2000:]
