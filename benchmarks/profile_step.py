@@ -217,15 +217,15 @@ def main(argv=None):
         wall, rows, busy, lines = profile(run, run.labels, args.top, trace_dir, args.by_source, args.timeline_ms)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"what": args.what, "precision": args.precision, "wall_s": wall, "load_1m": os.getloadavg()[0],
-                       "busy_s_by_thread": list(busy.values()), "by_source": args.by_source, "top": rows,
-                       "timeline": lines}, f, indent=2)
+            json.dump({"what": args.what, "precision": args.precision, "lora_rank": args.lora_rank, "wall_s": wall,
+                       "load_1m": os.getloadavg()[0], "busy_s_by_thread": list(busy.values()),
+                       "by_source": args.by_source, "top": rows, "timeline": lines}, f, indent=2)
 
 
 def load_model(args):
     """The model in `args.model_dir` at `args.precision`, with rank-`args.lora_rank` adapters if set."""
     model = set_compute_dtype(from_pretrained(args.model_dir), rl_step.PRECISIONS[args.precision])
-    if getattr(args, "lora_rank", 0):
+    if getattr(args, "lora_rank", 0):  # ab_step.py passes its own args, without --lora-rank
         add_lora(model, rank=args.lora_rank, alpha=2.0 * args.lora_rank, key=jax.random.key(43))
     return model
 

@@ -10,9 +10,7 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     ).strip()
 # Tests compile thousands of small programs and run each a few times: LLVM's optimisation of
 # XLA:CPU's generated kernels costs more than it saves there (the dots are library calls
-# either way; HLO passes and buffer assignment are unchanged). Level 0 took a ragged-update
-# test file from 42 to 28 s and three heavy tests (real SmolLM2, a 64-row update, rollout
-# precompilation) from 120 to 100 s. A user's own setting wins.
+# either way; HLO passes and buffer assignment are unchanged). A user's own setting wins.
 if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 

@@ -88,3 +88,23 @@ def test_temp_bytes_counts_the_programs_temporaries():
     large_bytes = profile_step.temp_bytes(jax.jit(large).lower(x).compile())
     assert isinstance(small_bytes, int) and small_bytes >= 0
     assert large_bytes > small_bytes
+
+
+def test_lora_rank_profiles_a_model_with_adapters_on_every_block_matrix(tmp_path):
+    """--lora-rank R: the profiled model carries rank-R adapters on all seven matrices, alpha 2R
+    (rl_step.py's default), and without it none."""
+    from flax import nnx
+
+    from jaxrl_vr.models import has_lora, lora_targets, save_pretrained
+    from jaxrl_vr.models.config import DecoderConfig
+    from jaxrl_vr.models.decoder import Decoder
+    from jaxrl_vr.models.lora import LORA_TARGETS
+
+    config = DecoderConfig.tiny(64, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2,
+                                num_kv_heads=1, head_dim=8, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    save_pretrained(Decoder(config, rngs=nnx.Rngs(0)), str(tmp_path))
+    base = ["--model-dir", str(tmp_path), "--prompts-file", "p"]
+    assert not has_lora(profile_step.load_model(profile_step.parse_args(base)))
+    model = profile_step.load_model(profile_step.parse_args(base + ["--lora-rank", "4"]))
+    assert lora_targets(model) == LORA_TARGETS and model.layers.lora_scale == 2.0
+    assert model.layers.wq_lora_a[...].shape == (2, 16, 4)
