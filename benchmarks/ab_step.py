@@ -121,6 +121,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("-P", "--prompts", type=int, default=profile_step.PROMPTS)
     parser.add_argument("-G", "--gens", type=int, default=profile_step.SAMPLES)
     parser.add_argument("--max-new-tokens", type=int, default=profile_step.NEW_TOKENS)
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="both variants on a model with rank-R adapters on all seven block matrices, as rl_step.py")
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--warm-calls", type=int, default=2,
                         help="untimed calls of each variant first (the update's second call still faults its heap in)")

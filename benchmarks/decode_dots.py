@@ -4,8 +4,7 @@ the rollout's small-M matmuls on this CPU.
 One decode step of a SmolLM2-135M-shaped model (`--shapes wide-qwen2`: the peers' 0.4B model)
 at `--rows` rows (the RL rollout's 64) is, as far as the dots go, per layer q, k, v, o, gate,
 up and down, then the LM head. This runs only those dots (random float32 weights, a residual
-chain so no step can be skipped) for
-`--steps` steps in each library: XLA through `jax.jit` of a `fori_loop` in this environment,
+chain so no step can be skipped) for `--steps` steps in each library: XLA through `jax.jit` of a `fori_loop` in this environment,
 torch in the peer TRL venv (`--torch-python`), each in a fresh process, alternated `--rounds`
 times. Neither side attends, samples or normalises, so the result bounds what any rollout
 built on that library can reach here: perf29 (docs/performance.md) measured XLA at 260 and

@@ -225,7 +225,7 @@ def main(argv=None):
 def load_model(args):
     """The model in `args.model_dir` at `args.precision`, with rank-`args.lora_rank` adapters if set."""
     model = set_compute_dtype(from_pretrained(args.model_dir), rl_step.PRECISIONS[args.precision])
-    if getattr(args, "lora_rank", 0):  # ab_step.py passes its own args, without --lora-rank
+    if args.lora_rank:
         add_lora(model, rank=args.lora_rank, alpha=2.0 * args.lora_rank, key=jax.random.key(43))
     return model
 

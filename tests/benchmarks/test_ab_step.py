@@ -156,6 +156,7 @@ def test_the_decode_segments_variants_switch_the_segment_count(monkeypatch):
 
 def test_only_the_long_rollout_goes_without_a_prompts_file(capsys):
     args = ab_step.parse_args(["v.py", "--model-dir", "m", "--what", "long-rollout"])
+    assert args.lora_rank == 0  # profile_step.load_model reads it
     assert args.what == "long-rollout" and args.prompts_file is None
     with pytest.raises(SystemExit):
         ab_step.parse_args(["v.py", "--model-dir", "m", "--what", "rollout"])

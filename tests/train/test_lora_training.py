@@ -65,8 +65,9 @@ def test_only_the_adapters_are_trained_and_hold_optimizer_state():
 def test_the_lora_update_computes_no_weight_gradient_of_the_frozen_base():
     """The trainer's update (micro-batches, the layer gradient sink), as `test_lora.py` checks
     `jax.grad` of the model: the block matrices' weight gradients are a third of a full
-    update's FLOPs. The compiled LoRA update has dots of the adapters' shapes ([in, r] and [r, out]) and none of a block
-    matrix's ([in, out]: q and o, k and v, gate and up, down), which no other dot has here."""
+    update's FLOPs. The compiled LoRA update has dots of the adapters' shapes ([in, r] and
+    [r, out]) and none of a block matrix's ([in, out]: q and o, k and v, gate and up, down),
+    which no other dot has here."""
     config = DecoderConfig.tiny(13, hidden_size=48, intermediate_size=208, num_layers=1, num_heads=2,
                                 num_kv_heads=1, head_dim=24, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     model = add_lora(Decoder(config, rngs=nnx.Rngs(0)), rank=4, alpha=8.0, key=jax.random.key(3))
