@@ -17,7 +17,6 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy import special
 
 from jaxrl_vr import advantages
 
@@ -133,6 +132,8 @@ def pass_at_k(n, c, k) -> np.ndarray:
 
     use_gamma = ~certain & ~use_product
     if np.any(use_gamma):
+        from scipy import special  # noqa: PLC0415 (here: importing scipy takes a second a CLI's start need not pay)
+
         g = special.gammaln
         log_ratio_gamma = (g(nf - cf + 1) - g(nf - cf - kf + 1)) - (g(nf + 1) - g(nf - kf + 1))
         log_ratio = np.where(use_gamma, log_ratio_gamma, log_ratio)

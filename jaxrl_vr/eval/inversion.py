@@ -34,8 +34,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from scipy import optimize, special
-
 from jaxrl_vr import passk
 
 __all__ = ["InversionCounts", "fit_beta_prior", "survival_estimate", "survival_posterior", "poisson_binomial_pmf", "exact_two_sided_p", "inversion_counts", "inversion_report"]
@@ -82,6 +80,7 @@ def fit_beta_prior(n: Any, c: Any) -> tuple[float, float]:
     n = np.broadcast_to(np.asarray(n, np.float64), c.shape)
     if c.size == 0:
         return 0.5, 0.5
+    from scipy import optimize, special  # noqa: PLC0415 (here: scipy takes a second to import)
 
     def neg_log_likelihood(theta: np.ndarray) -> float:
         a, b = np.exp(np.clip(theta, -12.0, 12.0))
@@ -103,6 +102,8 @@ def survival_posterior(n: Any, c: Any, m: int, *, prior: tuple[float, float]) ->
     c = np.asarray(c, np.float64)
     n = np.broadcast_to(np.asarray(n, np.float64), c.shape)
     alpha, beta = c + prior[0], n - c + prior[1]
+    from scipy import special  # noqa: PLC0415 (here: scipy takes a second to import)
+
     return np.exp(special.betaln(alpha, beta + m) - special.betaln(alpha, beta))
 
 

@@ -11,13 +11,14 @@ import json
 import math
 import os
 import pathlib
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from jaxrl_vr.atomic import replaced
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
     "read_metrics_jsonl",
@@ -54,9 +55,19 @@ def _legend(ax, count: int) -> None:
         ax.legend(fontsize=8)
 
 
+def _figure(**kwargs) -> Figure:
+    """A matplotlib Figure, imported on first use: matplotlib takes most of a second to import,
+    which a process that never plots (a CLI that stops at a config error) need not pay."""
+    from matplotlib.figure import Figure  # noqa: PLC0415
+
+    return Figure(**kwargs)
+
+
 def _save(fig: Figure, path: str | os.PathLike) -> pathlib.Path:
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415 (see _figure)
+
     FigureCanvasAgg(fig)
     fig.tight_layout()
     with replaced(path, suffix=".tmp.png") as tmp:
@@ -74,7 +85,7 @@ def plot_passk_curves(
     """Several pass@k curves (label -> [K]) on a log-x axis."""
     ks = np.asarray(ks, np.float64)
     colors = _colors(len(curves))
-    fig = Figure(figsize=(5.5 + (1.6 if len(curves) > 6 else 0.0), 4.0))
+    fig = _figure(figsize=(5.5 + (1.6 if len(curves) > 6 else 0.0), 4.0))
     ax = fig.add_subplot(1, 1, 1)
     # Later curves are drawn thinner, dashed and with hollow markers on top of earlier
     # ones, so curves that coincide (an unchanged policy) stay visible as distinct lines.
@@ -134,7 +145,7 @@ def plot_regimes(
     if any(k not in col for k in ks):
         raise KeyError(f"ks {ks} not all in the report's ks.")
     names = list(report["regimes"])
-    fig = Figure(figsize=(4.0 * len(ks) + 1.0, 3.8))
+    fig = _figure(figsize=(4.0 * len(ks) + 1.0, 3.8))
     x = np.arange(len(names))
     for panel, k in enumerate(ks):
         ax = fig.add_subplot(1, len(ks), panel + 1)
@@ -216,7 +227,7 @@ def plot_training_curves(
         )
     cols = min(3, len(chosen))
     rows = math.ceil(len(chosen) / cols)
-    fig = Figure(figsize=(4.0 * cols, 2.8 * rows))
+    fig = _figure(figsize=(4.0 * cols, 2.8 * rows))
     for i, key in enumerate(chosen):
         ax = fig.add_subplot(rows, cols, i + 1)
         pts = np.asarray([(r[x], r[key]) for r in records if _is_number(r.get(key))], np.float64)
@@ -241,7 +252,7 @@ def plot_delta_by_regime(
       report: ``passk_report`` output.
     """
     ks = np.asarray(report["ks"], np.float64)
-    fig = Figure(figsize=(5.8, 4.0))
+    fig = _figure(figsize=(5.8, 4.0))
     ax = fig.add_subplot(1, 1, 1)
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.plot(ks, report["pass_at_k"]["delta"], color="black", linewidth=2.2,
@@ -276,7 +287,7 @@ def plot_prompt_scatter(
     if base.shape != trained.shape or base.ndim != 1:
         raise ValueError(f"rates must be equal-length 1-D, got {base.shape} and {trained.shape}.")
     groups = np.asarray(["prompts"] * base.size if groups_p is None else list(groups_p))
-    fig = Figure(figsize=(4.8, 4.6))
+    fig = _figure(figsize=(4.8, 4.6))
     ax = fig.add_subplot(1, 1, 1)
     ax.plot([0, 1], [0, 1], color="grey", linewidth=0.8, zorder=1)
     for i, name in enumerate(dict.fromkeys(groups.tolist())):
@@ -305,7 +316,7 @@ def plot_bars(
     series = list(values)
     groups = list(dict.fromkeys(g for s in series for g in values[s]))
     bars = len(groups) * max(1, len(series))
-    fig = Figure(figsize=(min(14.0, 2.0 + 0.65 * bars if bars <= 8 else 2.5 + 0.2 * bars)
+    fig = _figure(figsize=(min(14.0, 2.0 + 0.65 * bars if bars <= 8 else 2.5 + 0.2 * bars)
                           + (1.6 if len(series) > 6 else 0.0), 3.8))
     ax = fig.add_subplot(1, 1, 1)
     x = np.arange(len(groups))
@@ -336,7 +347,7 @@ def plot_budget_curves(
     """One panel per metric: label -> (x, mean, s.e.) lines with error bars (NaN s.e. = none)."""
     count = max((len(lines) for lines in panels.values()), default=1)
     colors = _colors(count)
-    fig = Figure(figsize=(4.6 * len(panels) + 0.6 + (1.6 if count > 6 else 0.0), 3.9))
+    fig = _figure(figsize=(4.6 * len(panels) + 0.6 + (1.6 if count > 6 else 0.0), 3.9))
     for p, (metric, lines) in enumerate(panels.items()):
         ax = fig.add_subplot(1, len(panels), p + 1)
         for i, (label, (x, mean, err)) in enumerate(lines.items()):
@@ -368,7 +379,7 @@ def plot_tradeoff(
     axis only by moving less on the other lies on the same curve, not above it.
     """
     colors = _colors(len(paths))
-    fig = Figure(figsize=(5.8 + (1.6 if len(paths) > 6 else 0.0), 4.4))
+    fig = _figure(figsize=(5.8 + (1.6 if len(paths) > 6 else 0.0), 4.4))
     ax = fig.add_subplot(1, 1, 1)
     for i, (label, (x, y, xe, ye)) in enumerate(paths.items()):
         x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
@@ -391,7 +402,7 @@ def plot_training_path(record: Mapping[str, Any], path: str | os.PathLike) -> pa
     step, one line per k; right, the pass@1–pass@n path, all prompts and each non-empty
     regime, from the base (step 0, hollow marker) to the last evaluation (labelled)."""
     points, ks, n = record["points"], list(record["ks"]), int(record["n"])
-    fig = Figure(figsize=(11.0, 4.2))
+    fig = _figure(figsize=(11.0, 4.2))
     left = fig.add_subplot(1, 2, 1)
     colors = _colors(len(ks))
     for i, k in enumerate(ks):

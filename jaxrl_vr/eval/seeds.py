@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any, Mapping, NamedTuple
 
 import numpy as np
-from scipy import stats
 
 __all__ = ["SeedSummary", "PairedDifference", "seed_summary", "paired_difference"]
 
@@ -83,6 +82,8 @@ def paired_difference(
     if d.size < 2:
         return PairedDifference(mean, nan, nan, nan, 1, "n/a (one seed: no interval)")
     stderr = float(d.std(ddof=1) / np.sqrt(d.size))
+    from scipy import stats  # noqa: PLC0415 (here: scipy.stats takes over a second to import)
+
     half = float(stats.t.ppf(0.5 + confidence / 2.0, d.size - 1)) * stderr
     low, high = mean - half, mean + half
     if low > 0.0:

@@ -38,7 +38,6 @@ from jaxrl_vr.tasks import arithmetic, tool_arith
 from jaxrl_vr.tasks.base import SplitReport, clean_split, drop_repeats, in_split, prompt_keys
 from jaxrl_vr.tasks.datasets import load_task_file
 from jaxrl_vr.tasks.humaneval import load_problems, make_humaneval_items
-from jaxrl_vr.tasks.reasoning_gym import draw_unique_items, reasoning_gym_names
 from jaxrl_vr.train.checkpoint import CheckpointMismatchError, Checkpointer
 from jaxrl_vr.train.sft import train_sft
 from jaxrl_vr.train.step import split_model
@@ -108,6 +107,9 @@ def _reasoning_gym_task(cfg: PipelineConfig) -> TaskData:
     (``eval_seed``: the same for every run seed by default). Each side draws past repeated
     prompts, and the pool past held-out prompts, until it has the requested count, or says
     in ``TaskData.split`` how many it could not draw."""
+    # Imported here: reasoning_gym takes over a second to import, which no other task pays.
+    from jaxrl_vr.tasks.reasoning_gym import draw_unique_items, reasoning_gym_names  # noqa: PLC0415
+
     task = cfg.task
     names = [n.strip() for n in task.rg_tasks.split(",") if n.strip()]
     if not names:

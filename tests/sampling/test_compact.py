@@ -135,12 +135,14 @@ def test_a_bf16_rollout_leaves_the_callers_float32_weights_as_they_were(compact)
 
 def test_precompile_leaves_nothing_to_compile_mid_rollout(llama):
     """`precompile` compiles the decode chunk of every (batch bucket, cache length) pair (15
-    rows: buckets 15, 12 and 8; four segments): a ragged rollout of those shapes that shrinks
-    its batch and grows its cache then traces no decode chunk, and a second precompile none."""
+    rows: buckets 15, 12 and 8; two segments, ending at steps 48 and 96): a ragged rollout of
+    those shapes that shrinks its batch and grows its cache then traces no decode chunk, and a
+    second precompile none."""
     model, ref = llama
-    kwargs = dict(num_samples=5, max_new_tokens=MAX_NEW, stop_token_ids=(5, 7, 9, 11, 13), top_k=40)
+    kwargs = dict(num_samples=5, max_new_tokens=MAX_NEW, stop_token_ids=(5, 7, 9, 11, 13), top_k=40,
+                  decode_segments=2)
     compiled = compact_lib.precompile(model, ref["input_ids"], ref["attention_mask"], **kwargs)
-    assert compiled == 12  # (top_k=40 and 15 rows: shapes no other test compiles)
+    assert compiled == 6  # (top_k=40 and 15 rows: shapes no other test compiles)
     before = compact_lib.TRACE_COUNTS["decode_chunk"]
     rollout = generate(jax.random.key(5), model, ref["input_ids"], ref["attention_mask"], compact=True,
                        compact_every=8, **kwargs)

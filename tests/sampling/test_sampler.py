@@ -262,18 +262,24 @@ def test_mixed_precision_unembedding_copy_keeps_the_rollout(monkeypatch):
     new = generate(jax.random.key(5), model, prompts, mask, **kwargs)
     original = sampler_lib.cast_matmul_weights
 
+    calls = []
+
     def without_copy(m):  # The cast before the copy existed: the dot casts embed.T itself.
+        calls.append(1)
         m = original(m)
         del m.unembed_compute
         return m
 
     monkeypatch.setattr(sampler_lib, "cast_matmul_weights", without_copy)
-    jax.clear_caches()  # Retrace _generate_core with the old cast.
+    # Retrace _generate_core with the old cast (its own cache only: jax.clear_caches() would
+    # make every later test in this process trace and load its programs again).
+    sampler_lib._generate_core.clear_cache()
     try:
         old = generate(jax.random.key(5), model, prompts, mask, **kwargs)
     finally:
         monkeypatch.undo()
-        jax.clear_caches()
+        sampler_lib._generate_core.clear_cache()
+    assert calls, "the rollout without the copy was not traced anew"
     np.testing.assert_array_equal(new.tokens_bt, old.tokens_bt)
     np.testing.assert_array_equal(new.mask_bt, old.mask_bt)
     np.testing.assert_allclose(new.logp_bt, old.logp_bt, atol=1e-5)
