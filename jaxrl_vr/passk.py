@@ -132,7 +132,7 @@ def pass_at_k(n, c, k) -> np.ndarray:
 
     use_gamma = ~certain & ~use_product
     if np.any(use_gamma):
-        from scipy import special  # noqa: PLC0415 (here: importing scipy takes a second a CLI's start need not pay)
+        from scipy import special  # noqa: PLC0415 (here: scipy takes a second to import)
 
         g = special.gammaln
         log_ratio_gamma = (g(nf - cf + 1) - g(nf - cf - kf + 1)) - (g(nf + 1) - g(nf - kf + 1))

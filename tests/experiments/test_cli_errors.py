@@ -127,3 +127,16 @@ def test_every_old_flat_key_fails_naming_a_key_that_exists_now():
             apply_overrides({}, [(old, "above" if old == "rl.anchor" else "1")])
         named = re.findall(r"rl\.[a-z_.]+", str(err.value).split("moved:" if "moved:" in str(err.value) else "(", 1)[1])
         assert named and all(k.rstrip(".") in keys for k in named), (old, str(err.value))
+
+
+@pytest.mark.parametrize("module", ["experiments.train", "experiments.evaluate", "experiments.compare"])
+def test_a_cli_starts_without_the_libraries_only_some_runs_use(module):
+    """reasoning-gym (with sympy), scipy and matplotlib take seconds to import together; a
+    CLI imports them where a run uses them, so a config error or --help does not wait for them."""
+    code = (f"import sys, {module}; "
+            "print(sorted(m for m in ('reasoning_gym', 'sympy', 'scipy', 'matplotlib') if m in sys.modules))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[]", proc.stdout
