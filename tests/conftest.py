@@ -51,6 +51,7 @@ compilation_cache.enable_compilation_cache(os.path.join(os.environ["JAXRL_VR_CAC
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 import hypothesis  # noqa: E402
+import pytest  # noqa: E402
 
 # Property tests draw the same examples on every run, so CI never fails by chance.
 hypothesis.settings.register_profile("jaxrl_vr", derandomize=True, deadline=None)
@@ -60,3 +61,13 @@ import sys  # noqa: E402
 
 # Shared test helpers (tests/*_testlib.py) import from any test folder.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the marks
+def pytest_collection_modifyitems(config, items):
+    """Tests that read the finished :smoke run (the `smoke_run` fixtures of
+    tests/experiments/test_evaluate_compare.py and tests/test_notebooks_eval.py, built once per
+    process) share one xdist worker (the Makefile's --dist loadgroup), so it is trained once."""
+    for item in items:
+        if "smoke_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("smoke_run"))

@@ -23,10 +23,12 @@ _SPEC.loader.exec_module(get_smollm2)
 GGUF_PATH = get_smollm2.default_path()
 FIXTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "smollm2_reference.npz")
 
-pytestmark = pytest.mark.skipif(
-    not os.path.isfile(GGUF_PATH),
-    reason=f"SmolLM2 GGUF not at {GGUF_PATH}; run `python experiments/get_smollm2.py`.",
-)
+pytestmark = [
+    pytest.mark.skipif(not os.path.isfile(GGUF_PATH),
+                       reason=f"SmolLM2 GGUF not at {GGUF_PATH}; run `python experiments/get_smollm2.py`."),
+    # One xdist worker loads the checkpoint once (module fixture), not each worker (13 s).
+    pytest.mark.xdist_group("smollm2_gguf"),
+]
 
 
 @pytest.fixture(scope="module")

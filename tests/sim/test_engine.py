@@ -212,12 +212,17 @@ def test_parse_method():
         validate(dataclasses.replace(TINY, steps=7))
 
 
+# The tests that read `runs` share one xdist worker, which simulates them once (7 s).
+SHARES_RUNS = pytest.mark.xdist_group("sim_engine_runs")
+
+
 @pytest.fixture(scope="module")
 def runs():
     cfg = dataclasses.replace(TINY, steps=30, log_every=10, num_prompts=300, batch_prompts=16)
     return cfg, {m: engine.simulate(cfg, m) for m in ("grpo", "pba")}
 
 
+@SHARES_RUNS
 def test_seeds_differ_and_runs_are_deterministic(runs):
     cfg, by_method = runs
     run = by_method["grpo"]
@@ -230,6 +235,7 @@ def test_seeds_differ_and_runs_are_deterministic(runs):
     np.testing.assert_array_equal(by_method["pba"].p_base_sp, run.p_base_sp)
 
 
+@SHARES_RUNS
 def test_methods_change_behaviour(runs):
     _, by_method = runs
     grpo, pba = by_method["grpo"], by_method["pba"]
@@ -240,6 +246,7 @@ def test_methods_change_behaviour(runs):
     assert kl_pba < kl_grpo
 
 
+@SHARES_RUNS
 def test_chunk_does_not_recompile(runs):
     cfg, _ = runs
     spec = methods.parse_method("grpo")
