@@ -1,6 +1,12 @@
 """Test-wide JAX settings: fail on implicit rank promotion, run on CPU, keep x64 off."""
 
 import os
+import sys
+
+# Shared test helpers (tests/*_testlib.py) import from any test folder.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from xla_testlib import with_fast_compile  # noqa: E402
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Eight fake CPU devices so sharding tests can build a real mesh (must precede jax import).
@@ -8,20 +14,9 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip()
-# Tests compile thousands of small programs and run each a few times: LLVM's optimisation of
-# XLA:CPU's generated kernels costs more than it saves there (the dots are library calls
-# either way; HLO passes and buffer assignment are unchanged). A user's own setting wins.
-if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
-# XLA:CPU's older elemental emitter builds the loop fusions (norms, softmaxes, the optimizer's
-# updates) in about half the time of its MLIR fusion emitters: on the Zen 3 CI-sized VM,
-# test_compact.py + test_prompt_prefix.py took 203 s with the default and 123 s without; the
-# programs compute the same functions. Skipping LLVM's expensive passes took another 4-9 %
-# (117 s). The CLIs that tests start inherit these settings.
-if "xla_cpu_use_fusion_emitters" not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " --xla_cpu_use_fusion_emitters=false"
-if "xla_llvm_disable_expensive_passes" not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " --xla_llvm_disable_expensive_passes=true"
+# Fast to compile (xla_testlib.py); a user's own setting of any of these wins. The CLIs that
+# tests start inherit them.
+os.environ["XLA_FLAGS"] = with_fast_compile(os.environ["XLA_FLAGS"])
 
 # Training CLIs run by tests keep their compiled programs out of the user's cache
 # (run.compilation_cache = "auto" resolves under this directory).
@@ -57,17 +52,25 @@ import pytest  # noqa: E402
 hypothesis.settings.register_profile("jaxrl_vr", derandomize=True, deadline=None)
 hypothesis.settings.load_profile("jaxrl_vr")
 
-import sys  # noqa: E402
 
-# Shared test helpers (tests/*_testlib.py) import from any test folder.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """A finished :smoke run (the workdir experiments.train writes), trained once per process
+    for tests/experiments/test_evaluate_compare.py and tests/test_notebooks_eval.py."""
+    from experiments.configs import default as default_config
+    from jaxrl_vr.train.pipeline import PipelineConfig, run_pipeline
+
+    tree = default_config.get_config("smoke").to_dict()
+    tree["run"].update(progress=False, tensorboard=False, print_table=False)
+    workdir = str(tmp_path_factory.mktemp("smoke") / "run")
+    run_pipeline(PipelineConfig.from_dict(tree), workdir, log=lambda line: None)
+    return workdir
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the marks
 def pytest_collection_modifyitems(config, items):
-    """Tests that read the finished :smoke run (the `smoke_run` fixtures of
-    tests/experiments/test_evaluate_compare.py and tests/test_notebooks_eval.py, built once per
-    process) share one xdist worker (the Makefile's --dist loadgroup), so it is trained once."""
+    """The tests that read `smoke_run` share one xdist worker (the Makefile's --dist loadgroup),
+    so the run is trained once, not once per worker."""
     for item in items:
         if "smoke_run" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("smoke_run"))

@@ -13,6 +13,7 @@ import pytest
 from experiments import train as train_cli
 from jaxrl_vr import host_memory
 from jaxrl_vr.train.config import PipelineConfig, RunConfig
+from xla_testlib import with_fast_compile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGES = 128 * 2**20 // resource.getpagesize()  # one 128 MB output buffer (above glibc's 32 MB mmap cap)
@@ -221,10 +222,8 @@ def _update_temp_bytes(schedule_flag: bool, *zeros: str) -> dict[str, int]:
     # fusion emitter changed it by under 600 bytes (2.840/2.537 MB either way). The scheduler
     # is a process-wide flag (a per-compilation compiler option does not reach it), hence
     # one process per schedule.
-    flags = ["--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false",
-             "--xla_llvm_disable_expensive_passes=true"]
-    flags += [host_memory.CPU_MEMORY_SCHEDULE_FLAG] if schedule_flag else []
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"XLA_FLAGS": " ".join(flags)}
+    flags = with_fast_compile(host_memory.CPU_MEMORY_SCHEDULE_FLAG if schedule_flag else "")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"XLA_FLAGS": flags}
     out = subprocess.run([sys.executable, "-c", _TEMP_PROBE, *zeros], env=env, capture_output=True, text=True,
                          timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert out.returncode == 0, out.stderr[-2000:]

@@ -8,11 +8,6 @@ import json
 import os
 import shutil
 
-import pytest
-
-from experiments.configs import default as default_config
-from jaxrl_vr.train.pipeline import PipelineConfig, run_pipeline
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -49,20 +44,6 @@ def test_prompt_weighting_notebook_runs(monkeypatch, tmp_path):
     assert ns["scale"]["maxrl"][0] > ns["scale"]["maxrl"][2] > ns["scale"]["maxrl"][-1]
     assert abs(ns["scale"]["loo"][0] - ns["scale"]["loo"][-1]) < 1e-6
     assert len(ns["snapshots"]) == 3
-
-
-@pytest.fixture(scope="session")
-def smoke_run(tmp_path_factory):
-    """The same smoke run as tests/experiments/test_evaluate_compare.py (shared per process)."""
-    cached = os.environ.get("_JAXRL_VR_TEST_SMOKE_RUN")
-    if cached and os.path.isfile(os.path.join(cached, "summary.json")):
-        return cached
-    tree = default_config.get_config("smoke").to_dict()
-    tree["run"].update(progress=False, tensorboard=False, print_table=False)
-    workdir = str(tmp_path_factory.mktemp("smoke") / "run")
-    run_pipeline(PipelineConfig.from_dict(tree), workdir, log=lambda line: None)
-    os.environ["_JAXRL_VR_TEST_SMOKE_RUN"] = workdir
-    return workdir
 
 
 def test_passk_diagnostics_notebook_runs(smoke_run, monkeypatch, tmp_path, capsys):

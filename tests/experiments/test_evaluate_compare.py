@@ -13,27 +13,9 @@ from experiments import compare
 from experiments import evaluate as evaluate_cli
 from experiments.configs import default as default_config
 from jaxrl_vr.train import run_io
-from jaxrl_vr.train.pipeline import PipelineConfig, run_pipeline
+from jaxrl_vr.train.pipeline import PipelineConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def build_smoke_run(tmp_path_factory):
-    """A finished :smoke run (the workdir experiments.train writes), built once per process."""
-    cached = os.environ.get("_JAXRL_VR_TEST_SMOKE_RUN")
-    if cached and os.path.isfile(os.path.join(cached, "summary.json")):
-        return cached
-    tree = default_config.get_config("smoke").to_dict()
-    tree["run"].update(progress=False, tensorboard=False, print_table=False)
-    workdir = str(tmp_path_factory.mktemp("smoke") / "run")
-    run_pipeline(PipelineConfig.from_dict(tree), workdir, log=lambda line: None)
-    os.environ["_JAXRL_VR_TEST_SMOKE_RUN"] = workdir
-    return workdir
-
-
-@pytest.fixture(scope="session")
-def smoke_run(tmp_path_factory):
-    return build_smoke_run(tmp_path_factory)
 
 
 def _strip(evaluation):

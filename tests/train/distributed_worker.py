@@ -10,11 +10,13 @@ import os
 import sys
 
 os.environ["JAX_PLATFORMS"] = "cpu"
-# LLVM optimisation level 0 and the elemental fusion emitter, as conftest.py sets for the
-# tests: faster to compile.
-os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0"
-                           " --xla_cpu_use_fusion_emitters=false --xla_llvm_disable_expensive_passes=true")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: xla_testlib
+
+from xla_testlib import with_fast_compile  # noqa: E402
+
+# The tests' fast-to-compile settings (conftest.py).
+os.environ["XLA_FLAGS"] = with_fast_compile("--xla_force_host_platform_device_count=2")
 
 import jax  # noqa: E402
 
