@@ -12,7 +12,13 @@ torch at 128 GFLOP/s (fp32, 64 rows) on a Zen 5 EPYC, where our rollout leads TR
 torch MLP stack 11 % faster than XLA's on an AMX Xeon, where the lead was 1.6×.
 
     python benchmarks/decode_dots.py [--shapes wide-qwen2] [--rows 64] [--steps 63] [--rounds 2] [--precision bf16] \\
-        [--torch-python $PEERS_ROOT/venv-trl/bin/python] [--out benchmarks/results/decode_dots.json]
+        [--sides jax,torch,packed] [--torch-python $PEERS_ROOT/venv-trl/bin/python] [--out benchmarks/results/decode_dots.json]
+
+`--sides packed` adds a third side (fp32, x86 with AVX2 and FMA, gcc): the same step on
+`packed_gemm.c`, a plain register-blocked kernel over weights packed once into 16-column
+panels, OpenMP over the panels (compiled into a temporary directory; numpy for the few
+elementwise ops). It is not the library's; it shows how far the CPU's small-M dots are from
+what XLA's and torch's kernels reach, i.e. what a custom decode kernel could gain.
 
 bf16: bf16 weights (cast once, outside the timed calls) on both sides; bf16 operands with
 float32 accumulation on ours (`preferred_element_type`), autocast's bf16 matmuls on torch's.
@@ -130,15 +136,126 @@ def torch_side(args) -> list[float]:
     return time_calls(lambda: run(x), args.repeats)
 
 
+def aligned_empty(shape: tuple[int, ...], alignment: int = 64):
+    """A float32 numpy array whose data starts on an `alignment`-byte boundary."""
+    import numpy as np
+
+    size = int(np.prod(shape))
+    raw = np.empty(size + alignment // 4, np.float32)
+    offset = (-raw.ctypes.data % alignment) // 4
+    return raw[offset:offset + size].reshape(shape)
+
+
+def build_packed_kernel(work: str) -> str:
+    """Compiles packed_gemm.c into `work`; the path of the shared library."""
+    import shutil
+
+    flags = set()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    if not {"avx2", "fma"} <= flags:
+        raise SystemExit("--sides packed needs an x86 CPU with AVX2 and FMA (see /proc/cpuinfo flags).")
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        raise SystemExit("--sides packed needs gcc (or cc) to compile benchmarks/packed_gemm.c.")
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "packed_gemm.c")
+    library = os.path.join(work, "packed_gemm.so")
+    subprocess.run([compiler, "-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", source, "-o", library],
+                   check=True)
+    return library
+
+
+class PackedKernel:
+    """packed_gemm.c, compiled into `work` and loaded: `pack(w)` packs a [K, N] weight once,
+    `dot(x, packed)` returns x @ w ([M, N], into a buffer owned by `packed`, reused by the
+    next dot against the same weight)."""
+
+    def __init__(self, work: str, max_rows: int, max_k: int):
+        import ctypes
+
+        self.lib = ctypes.CDLL(build_packed_kernel(work))
+        pointer, c_int = ctypes.c_void_p, ctypes.c_int
+        self.lib.pack_b.argtypes = [pointer, c_int, c_int, pointer]
+        self.lib.gemm_packed.argtypes = [pointer, c_int, c_int, pointer, c_int, pointer, pointer]
+        rows_per_block = self.lib.rows_per_block()
+        self.max_rows, self.max_k = max_rows, max_k
+        self.a_work = aligned_empty((-(-max_rows // rows_per_block) * rows_per_block * max_k,))
+
+    def pack(self, w):
+        import numpy as np
+
+        k, n = w.shape
+        if n % 16 or k > self.max_k:
+            raise ValueError(f"packed_gemm.c takes [K <= {self.max_k}, N divisible by 16] weights, got {w.shape}.")
+        panels = aligned_empty((n // 16, k, 16))
+        w = np.ascontiguousarray(w, np.float32)  # held here: a temporary's memory would be freed before the call
+        self.lib.pack_b(w.ctypes.data, k, n, panels.ctypes.data)
+        return panels, k, n, aligned_empty((self.max_rows, n))
+
+    def dot(self, x, packed):
+        import numpy as np
+
+        panels, k, n, out = packed
+        x = np.ascontiguousarray(x, np.float32)
+        if x.shape[1] != k or x.shape[0] > self.max_rows:
+            raise ValueError(f"x {x.shape} against a packed [{k}, {n}] weight (at most {self.max_rows} rows).")
+        self.lib.gemm_packed(x.ctypes.data, x.shape[0], k, panels.ctypes.data, n, out.ctypes.data,
+                             self.a_work.ctypes.data)
+        return out[:x.shape[0]]
+
+
+def packed_side(args) -> list[float]:
+    """The jax side's step, every dot on packed_gemm.c (weights packed once, outside the timing)."""
+    import numpy as np
+
+    if args.precision != "fp32":
+        raise SystemExit("--sides packed runs fp32 only.")
+    s = SHAPES[args.shapes]
+    rng = np.random.default_rng(0)
+    shapes = layer_weight_shapes(**s)
+    weights = [{name: 0.02 * rng.standard_normal(shape, np.float32) for name, shape in shapes.items()}
+               for _ in range(s["layers"])]
+    head = 0.02 * rng.standard_normal((s["vocab"], s["hidden"]), np.float32)
+    repeats = s["q_width"] // s["kv_width"]
+    kernel = PackedKernel(tempfile.mkdtemp(prefix="packed_gemm_"), args.rows,
+                          max(max(k for k, _ in shapes.values()), s["hidden"]))
+    packed = [{name: kernel.pack(w) for name, w in layer.items()} for layer in weights]
+    packed_head = kernel.pack(head.T)
+    del weights, head
+
+    def silu(x):
+        return x / (1.0 + np.exp(-x))
+
+    def run(x):
+        dot = kernel.dot
+        for _ in range(args.steps):
+            for w in packed:
+                attn = dot(x, w["q"]) + np.tile(dot(x, w["k"]) + dot(x, w["v"]), (1, repeats))
+                x = x + dot(attn, w["o"])
+                x = 0.5 * (x + dot(silu(dot(x, w["gate"])) * dot(x, w["up"]), w["down"]))
+            x = x + 1e-3 * dot(x, packed_head)[:, :s["hidden"]]
+        return x
+
+    x = rng.standard_normal((args.rows, s["hidden"])).astype(np.float32)
+    return time_calls(lambda: run(x), args.repeats)
+
+
+SIDES = {"jax": jax_side, "torch": torch_side, "packed": packed_side}
+
+
 def summarize(times: dict[str, list[list[float]]], flops: int) -> dict:
-    """Per side: every round's median seconds, the median over rounds, its GFLOP/s; and
-    torch's GFLOP/s over ours (above 1: torch's dots are faster on this CPU)."""
+    """Per side: every round's median seconds, the median over rounds, its GFLOP/s; and each
+    other side's GFLOP/s over ours (`torch_over_jax_gflops`, above 1: torch's dots are faster
+    on this CPU; `packed_over_jax_gflops` likewise)."""
     out = {}
     for side, rounds in times.items():
         medians = [statistics.median(r) for r in rounds]
         out[side] = {"round_median_s": medians, "median_s": statistics.median(medians),
                      "gflops": flops / statistics.median(medians) / 1e9}
-    out["torch_over_jax_gflops"] = out["torch"]["gflops"] / out["jax"]["gflops"]
+    for side in times:
+        if side != "jax" and "jax" in times:
+            out[f"{side}_over_jax_gflops"] = out[side]["gflops"] / out["jax"]["gflops"]
     return out
 
 
@@ -152,28 +269,35 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int, default=63, help="decode steps per call (the rollout's 64 tokens)")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per process, after one warm-up")
     parser.add_argument("--rounds", type=int, default=2, help="processes per side, alternated")
+    parser.add_argument("--sides", default="jax,torch",
+                        help="comma-separated, of jax, torch and packed (packed_gemm.c; fp32, AVX2 + FMA)")
     parser.add_argument("--out", default=None)
-    parser.add_argument("--side", choices=("jax", "torch"), help=argparse.SUPPRESS)  # child process
+    parser.add_argument("--side", choices=tuple(SIDES), help=argparse.SUPPRESS)  # child process
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if min(args.rows, args.steps, args.repeats, args.rounds) < 1:
         parser.error("--rows, --steps, --repeats and --rounds must all be at least 1.")
+    sides = [side.strip() for side in args.sides.split(",") if side.strip()]
+    if not sides or any(side not in SIDES for side in sides) or len(set(sides)) < len(sides):
+        parser.error(f"--sides {args.sides!r}: name each of {', '.join(SIDES)} at most once, comma-separated.")
+    if "packed" in sides and args.precision != "fp32":
+        parser.error("--sides packed runs fp32 only; drop it or use --precision fp32.")
     if args.side:
-        times = (jax_side if args.side == "jax" else torch_side)(args)
+        times = SIDES[args.side](args)
         with open(args.child_out, "w") as f:
             json.dump(times, f)
         return {}
-    if not os.path.exists(args.torch_python):
+    if "torch" in sides and not os.path.exists(args.torch_python):
         parser.error(f"--torch-python {args.torch_python} not found; build the peer venv with "
                      "`bash ../shared/peers/setup.sh trl` or point the flag at a Python with torch.")
 
     work = tempfile.mkdtemp(prefix="decode_dots_")
-    times = {"jax": [], "torch": []}
+    times = {side: [] for side in sides}
     load = [os.getloadavg()[0]]
     for index in range(args.rounds):
-        for side in (("jax", "torch") if index % 2 == 0 else ("torch", "jax")):
+        for side in (sides if index % 2 == 0 else sides[::-1]):
             out_path = os.path.join(work, f"{side}_{index}.json")
-            python = sys.executable if side == "jax" else args.torch_python
+            python = args.torch_python if side == "torch" else sys.executable
             subprocess.run([python, os.path.abspath(__file__), "--side", side, "--child-out", out_path,
                             "--precision", args.precision, "--shapes", args.shapes, "--rows", str(args.rows),
                             "--steps", str(args.steps), "--repeats", str(args.repeats)], check=True)
@@ -185,8 +309,10 @@ def main(argv=None) -> dict:
     flops = args.steps * step_flops(args.rows, **SHAPES[args.shapes])
     report = {"precision": args.precision, "shapes": args.shapes, "rows": args.rows, "steps": args.steps,
               "flops": flops, "cpu_count": os.cpu_count(), "load_1m": load, "times_s": times, **summarize(times, flops)}
-    print(f"{args.precision} dots at {args.rows} rows: jax {report['jax']['gflops']:.0f} GFLOP/s, "
-          f"torch {report['torch']['gflops']:.0f} GFLOP/s (torch / jax {report['torch_over_jax_gflops']:.2f})")
+    print(f"{args.precision} dots at {args.rows} rows: "
+          + ", ".join(f"{side} {report[side]['gflops']:.0f} GFLOP/s" for side in sides)
+          + "".join(f" ({side} / jax {report[f'{side}_over_jax_gflops']:.2f})" for side in sides
+                    if f"{side}_over_jax_gflops" in report))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=2)

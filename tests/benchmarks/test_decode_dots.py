@@ -1,8 +1,11 @@
-"""benchmarks/decode_dots.py's bookkeeping (no timing): the FLOP count and the summary."""
+"""benchmarks/decode_dots.py's bookkeeping (no timing): the FLOP count, the summary, the
+flags, and the arithmetic of its packed kernel (packed_gemm.c)."""
 
 import os
+import shutil
 import sys
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
@@ -42,3 +45,46 @@ def test_bad_counts_and_a_missing_torch_are_refused(tmp_path):
         decode_dots.main(["--rows", "0"])
     with pytest.raises(SystemExit):
         decode_dots.main(["--torch-python", str(tmp_path / "no-python")])
+
+
+def test_summarize_gives_every_side_over_jax():
+    times = {"jax": [[4.0]], "torch": [[8.0]], "packed": [[2.0]]}
+    out = decode_dots.summarize(times, flops=8e9)
+    assert out["packed_over_jax_gflops"] == pytest.approx(2.0) and out["torch_over_jax_gflops"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("argv", [["--sides", "jax,xla"], ["--sides", "jax,jax"], ["--sides", ""],
+                                  ["--sides", "jax,packed", "--precision", "bf16"]])
+def test_bad_sides_are_refused(argv):
+    with pytest.raises(SystemExit):
+        decode_dots.main(argv)
+
+
+def _cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    if not ({"avx2", "fma"} <= _cpu_flags() and shutil.which("gcc")):
+        pytest.skip("packed_gemm.c needs x86 AVX2 + FMA and gcc")
+    return decode_dots.PackedKernel(str(tmp_path_factory.mktemp("packed_gemm")), max_rows=32, max_k=64)
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 3, 16), (7, 33, 48), (32, 64, 32), (9, 5, 160)])
+def test_the_packed_kernel_is_a_matmul(kernel, m, k, n):
+    """Row counts off the register block (1, 7, 9), K not a multiple of anything, several panels."""
+    rng = np.random.default_rng(m * 100 + k)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    packed = kernel.pack(b)
+    np.testing.assert_allclose(kernel.dot(a, packed), a @ b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(kernel.dot(2 * a, packed), 2 * (a @ b), rtol=1e-5, atol=1e-5)  # buffer reused
+    assert kernel.dot(a[:1], packed).shape == (1, n)
+    transposed = np.asfortranarray(b)  # packed from a copy (as the LM head's embed.T is)
+    np.testing.assert_allclose(kernel.dot(a, kernel.pack(transposed)), a @ b, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="divisible by 16"):
+        kernel.pack(b[:, :n - 1])
