@@ -58,6 +58,28 @@ def step_flops(rows: int, **model) -> int:
     return 2 * rows * (model["layers"] * per_layer + model["hidden"] * model["vocab"])
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def host_cpu():
+    """`jaxrl_vr.host_cpu`, imported here only: the torch side runs this file in the peer
+    venv, which has no jaxrl_vr (nor jax)."""
+    sys.path.insert(0, REPO)
+    from jaxrl_vr import host_cpu as module
+    return module
+
+
+def random_weights(shapes: str, rng):
+    """Every layer's dot weights ([in, out], float32 numpy, `layer_weight_shapes`) and the LM
+    head [V, D], drawn from `rng` in that order: the jax and packed sides run the same numbers."""
+    import numpy as np
+
+    s = SHAPES[shapes]
+    weights = [{name: 0.02 * rng.standard_normal(shape, np.float32) for name, shape in layer_weight_shapes(**s).items()}
+               for _ in range(s["layers"])]
+    return weights, 0.02 * rng.standard_normal((s["vocab"], s["hidden"]), np.float32)
+
+
 def time_calls(call, repeats: int) -> list[float]:
     """One warm-up call (compilation, first touches), then `repeats` timed calls."""
     call()
@@ -70,7 +92,7 @@ def time_calls(call, repeats: int) -> list[float]:
 
 
 def jax_side(args) -> list[float]:
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, REPO)
     from jaxrl_vr.host_memory import keep_host_memory
     keep_host_memory()
     import jax
@@ -80,11 +102,10 @@ def jax_side(args) -> list[float]:
     s = SHAPES[args.shapes]
     dtype = jnp.bfloat16 if args.precision == "bf16" else jnp.float32
     rng = np.random.default_rng(0)
-    shapes = layer_weight_shapes(**s)
     # Weights in the compute dtype once, as the sampler's `cast_matmul_weights` does per call.
-    weights = [{name: jnp.asarray(0.02 * rng.standard_normal(shape, np.float32), dtype)
-                for name, shape in shapes.items()} for _ in range(s["layers"])]
-    head = jnp.asarray(0.02 * rng.standard_normal((s["vocab"], s["hidden"]), np.float32), dtype)
+    weights, head = random_weights(args.shapes, rng)
+    weights = [{name: jnp.asarray(w, dtype) for name, w in layer.items()} for layer in weights]
+    head = jnp.asarray(head, dtype)
     repeats = s["q_width"] // s["kv_width"]
 
     def dot(x, w):
@@ -146,15 +167,17 @@ def aligned_empty(shape: tuple[int, ...], alignment: int = 64):
     return raw[offset:offset + size].reshape(shape)
 
 
+def cpu_flags() -> set[str]:
+    """The instruction-set flags of /proc/cpuinfo (empty off Linux)."""
+    cpu = host_cpu()
+    return set((cpu.cpuinfo_field(cpu.read_cpuinfo(), "flags") or "").split())
+
+
 def build_packed_kernel(work: str) -> str:
     """Compiles packed_gemm.c into `work`; the path of the shared library."""
     import shutil
 
-    flags = set()
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
-    if not {"avx2", "fma"} <= flags:
+    if not {"avx2", "fma"} <= cpu_flags():
         raise SystemExit("--sides packed needs an x86 CPU with AVX2 and FMA (see /proc/cpuinfo flags).")
     compiler = shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
@@ -209,17 +232,12 @@ def packed_side(args) -> list[float]:
     """The jax side's step, every dot on packed_gemm.c (weights packed once, outside the timing)."""
     import numpy as np
 
-    if args.precision != "fp32":
-        raise SystemExit("--sides packed runs fp32 only.")
     s = SHAPES[args.shapes]
     rng = np.random.default_rng(0)
     shapes = layer_weight_shapes(**s)
-    weights = [{name: 0.02 * rng.standard_normal(shape, np.float32) for name, shape in shapes.items()}
-               for _ in range(s["layers"])]
-    head = 0.02 * rng.standard_normal((s["vocab"], s["hidden"]), np.float32)
+    weights, head = random_weights(args.shapes, rng)
     repeats = s["q_width"] // s["kv_width"]
-    kernel = PackedKernel(tempfile.mkdtemp(prefix="packed_gemm_"), args.rows,
-                          max(max(k for k, _ in shapes.values()), s["hidden"]))
+    kernel = PackedKernel(tempfile.mkdtemp(prefix="packed_gemm_"), args.rows, max(k for k, _ in shapes.values()))
     packed = [{name: kernel.pack(w) for name, w in layer.items()} for layer in weights]
     packed_head = kernel.pack(head.T)
     del weights, head
@@ -280,7 +298,7 @@ def main(argv=None) -> dict:
     sides = [side.strip() for side in args.sides.split(",") if side.strip()]
     if not sides or any(side not in SIDES for side in sides) or len(set(sides)) < len(sides):
         parser.error(f"--sides {args.sides!r}: name each of {', '.join(SIDES)} at most once, comma-separated.")
-    if "packed" in sides and args.precision != "fp32":
+    if "packed" in sides + [args.side] and args.precision != "fp32":
         parser.error("--sides packed runs fp32 only; drop it or use --precision fp32.")
     if args.side:
         times = SIDES[args.side](args)
@@ -308,7 +326,7 @@ def main(argv=None) -> dict:
             load.append(os.getloadavg()[0])
     flops = args.steps * step_flops(args.rows, **SHAPES[args.shapes])
     report = {"precision": args.precision, "shapes": args.shapes, "rows": args.rows, "steps": args.steps,
-              "flops": flops, "cpu_count": os.cpu_count(), "load_1m": load, "times_s": times, **summarize(times, flops)}
+              "flops": flops, "cpu": host_cpu().summary(), "cpu_count": os.cpu_count(), "load_1m": load, "times_s": times, **summarize(times, flops)}
     print(f"{args.precision} dots at {args.rows} rows: "
           + ", ".join(f"{side} {report[side]['gflops']:.0f} GFLOP/s" for side in sides)
           + "".join(f" ({side} / jax {report[f'{side}_over_jax_gflops']:.2f})" for side in sides

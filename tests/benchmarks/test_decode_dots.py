@@ -54,23 +54,16 @@ def test_summarize_gives_every_side_over_jax():
 
 
 @pytest.mark.parametrize("argv", [["--sides", "jax,xla"], ["--sides", "jax,jax"], ["--sides", ""],
-                                  ["--sides", "jax,packed", "--precision", "bf16"]])
+                                  ["--sides", "jax,packed", "--precision", "bf16"],
+                                  ["--side", "packed", "--precision", "bf16", "--child-out", "unused.json"]])
 def test_bad_sides_are_refused(argv):
     with pytest.raises(SystemExit):
         decode_dots.main(argv)
 
 
-def _cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
-    except OSError:
-        return set()
-
-
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
-    if not ({"avx2", "fma"} <= _cpu_flags() and shutil.which("gcc")):
+    if not ({"avx2", "fma"} <= decode_dots.cpu_flags() and shutil.which("gcc")):
         pytest.skip("packed_gemm.c needs x86 AVX2 + FMA and gcc")
     return decode_dots.PackedKernel(str(tmp_path_factory.mktemp("packed_gemm")), max_rows=32, max_k=64)
 
