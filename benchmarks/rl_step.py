@@ -70,6 +70,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from jaxrl_vr.estimators import make_estimator  # noqa: E402
 from jaxrl_vr.host_memory import keep_host_memory, memory_optimized_cpu_schedule  # noqa: E402
 from jaxrl_vr.models import add_lora, from_pretrained, load_tokenizer, set_compute_dtype  # noqa: E402
+from jaxrl_vr.models import packed_dot  # noqa: E402
 from jaxrl_vr.train import (  # noqa: E402
     LossConfig,
     OptimConfig,
@@ -377,6 +378,8 @@ def main(argv=None) -> dict:
         "cpu_count": os.cpu_count(),
         "jax": jax.__version__,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        # Which dots the rollout decoded with (jaxrl_vr.models.packed_dot): packed or xla.
+        "decode_dots": "packed" if packed_dot.use_packed(state.params, model.config.matmul_dtype) else "xla",
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
         "keep_host_memory": bool(host_memory and host_memory.kept),
         "host_memory": host_memory.reason if host_memory else "released (JAX default)",

@@ -35,6 +35,7 @@ from flax import nnx
 
 from jaxrl_vr import host_cpu
 from jaxrl_vr.models.config import COMPUTE_DTYPES, DecoderConfig
+from jaxrl_vr.models.packed_dot import PackedMatrix, pack, pack_transposed, packable, packed_dot
 from jaxrl_vr.ratios import from_stackable, mixed_einsum, to_stackable
 
 _INIT_STD = 0.02  # HF initializer_range default.
@@ -418,6 +419,9 @@ def _block(config: DecoderConfig, p: dict[str, jax.Array], x_btd: jax.Array, cos
     the activation path (LoRA, Hu et al. 2021, arXiv 2106.09685): W + A·B is never formed,
     so the backward pass needs no [D_in, D_out] product and, for a frozen W, forms no weight
     gradient of W.
+
+    A block matrix given as a `PackedMatrix` (the samplers' `pack_layer_params`) runs on the
+    packed CPU kernel (`packed_dot`): inference only.
     """
     eps = config.rms_norm_eps
     compute = jnp.dtype(config.matmul_dtype)
@@ -432,7 +436,10 @@ def _block(config: DecoderConfig, p: dict[str, jax.Array], x_btd: jax.Array, cos
         # slice (the scan forwards it; a bf16 copy would be stacked per layer) and, for the
         # normed input both read ("xy"), one float32 array instead of one bf16 copy per matmul:
         # bf16 compute then needs about the activation memory of float32.
-        y = mixed_einsum(spec, x, w, dtype=compute, save_inputs=save)
+        if isinstance(w, PackedMatrix):
+            y = packed_dot(x, w).reshape(*x.shape[:-1], -1)
+        else:
+            y = mixed_einsum(spec, x, w, dtype=compute, save_inputs=save)
         if lora is not None:  # x·A keeps the x that x·W keeps; the [.., r] product is small
             x_sub, _, out_sub = spec.replace("->", ",").split(",")
             xa = mixed_einsum(f"{x_sub},{x_sub[-1]}r->{x_sub[:-1]}r", x, lora[0], dtype=compute, save_inputs="x")
@@ -440,6 +447,8 @@ def _block(config: DecoderConfig, p: dict[str, jax.Array], x_btd: jax.Array, cos
         return y.astype(x_btd.dtype)
 
     def project(h, w, lora=None):  # [D, heads, Dh] weight with its head axes merged (free reshapes), as wo below
+        if isinstance(w, PackedMatrix):
+            return mm("btd,df->btf", h, w, lora=lora).reshape(*h.shape[:2], *w.out_dims)
         d, heads, e = w.shape
         return mm("btd,df->btf", h, w.reshape(d, heads * e), "xy", lora).reshape(*h.shape[:2], heads, e)
 
@@ -464,7 +473,7 @@ def _block(config: DecoderConfig, p: dict[str, jax.Array], x_btd: jax.Array, cos
     # apart, XLA:CPU chose to contract them in (e, h) order and re-transposed wo on every
     # decode step inside the sampler's loop. The q/k/v projections' input gradients had the
     # same problem in the update (a transposed copy of dq and of wq per layer and micro-batch).
-    out_btd = kept_inputs(lambda a, w, lora: mm("btf,fd->btd", a.reshape(*a.shape[:2], -1), w.reshape(-1, w.shape[-1]),
+    out_btd = kept_inputs(lambda a, w, lora: mm("btf,fd->btd", a.reshape(*a.shape[:2], -1), merged_rows(w),
                                                 lora=lora))(attn_bthe, p["wo"], adapter("wo"))
     if "bo" in p:
         out_btd = out_btd + _lead(p["bo"], 3)
@@ -473,11 +482,18 @@ def _block(config: DecoderConfig, p: dict[str, jax.Array], x_btd: jax.Array, cos
     gate = mm("btd,df->btf", h_btd, p["w_gate"], "xy", adapter("w_gate"))
     up = mm("btd,df->btf", h_btd, p["w_up"], "xy", adapter("w_up"))
     down_lora = adapter("w_down")
-    if down_lora is None:
+    if isinstance(p["w_down"], PackedMatrix):  # inference: no custom derivative needed
+        down = mm("btf,fd->btd", jax.nn.silu(gate) * up, p["w_down"], lora=down_lora)
+    elif down_lora is None:
         down = swiglu_down(gate, up, p["w_down"], compute)
     else:
         down = swiglu_down_lora(gate, up, p["w_down"], *down_lora, compute, lora_scale)
     return x_btd + down.astype(x_btd.dtype), aux
+
+
+def merged_rows(w):
+    """wo [heads, Dh, D] as [heads·Dh, D] (a free reshape); a `PackedMatrix` as it is."""
+    return w if isinstance(w, PackedMatrix) else w.reshape(-1, w.shape[-1])
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -730,12 +746,15 @@ class Decoder(nnx.Module):
             return self.embed[...].T
         return self.lm_head[...]
 
-    def logits(self, hidden_btd: jax.Array) -> jax.Array:
+    def logits(self, hidden_btd: jax.Array, unembed: PackedMatrix | None = None) -> jax.Array:
         """hidden [.., D] @ unembed [D, V] in the compute dtype, float32 accumulation and output.
 
         Uses the inference copy of the tied unembedding when `cast_matmul_weights` made one
-        (same values as casting `unembed_matrix()` here, so the same logits).
+        (same values as casting `unembed_matrix()` here, so the same logits), or `unembed`, the
+        packed LM head of a decode loop (`packed_unembed`).
         """
+        if unembed is not None:
+            return packed_dot(hidden_btd, unembed)
         lead_shape = hidden_btd.shape[:-1]
         hidden_nd = hidden_btd.reshape(-1, hidden_btd.shape[-1])
         copy = getattr(self, "unembed_compute", None)
@@ -760,14 +779,16 @@ class Decoder(nnx.Module):
 
     def decode_step(self, tokens_bt: jax.Array, positions_bt: jax.Array, cache: KVCache, *,
                     mask_bt: jax.Array | None = None, last_only: bool = False,
-                    layer_params: Sequence[dict[str, jax.Array]] | None = None) -> tuple[jax.Array, KVCache]:
+                    layer_params: Sequence[dict[str, jax.Array]] | None = None,
+                    unembed: PackedMatrix | None = None) -> tuple[jax.Array, KVCache]:
         """Runs T new tokens (prefill T > 1 or decode T = 1) against the cache.
 
         The chunk is written to slots [index, index + T) (the caller keeps index + T <= M);
         slot validity becomes `mask_bt` (default all True). Query t attends to every valid slot
         s <= index + t, so left-padded prompts work. The layers run as an unrolled loop over
         `layer_params` (default `self.layers.unstacked()`; a decode loop should take those
-        once, outside the loop, and pass them in).
+        once, outside the loop, and pass them in; `pack_layer_params` of them, with `unembed` =
+        `packed_unembed(model)`, runs the dots on the packed CPU kernel).
 
         Returns:
           (float32 logits [B, T, V] — or [B, 1, V] for the last position when `last_only` —,
@@ -815,7 +836,7 @@ class Decoder(nnx.Module):
             x_btd = x_btd[:, -1:]
         hidden_btd = rms_norm(x_btd, self.final_norm[...], self.config.rms_norm_eps)
         new_cache = KVCache(tuple(new_keys), tuple(new_values), valid_bm, (index + t).astype(jnp.int32))
-        return self.logits(hidden_btd), new_cache
+        return self.logits(hidden_btd, unembed), new_cache
 
     # ---- helpers ----------------------------------------------------------------------------
 
@@ -916,6 +937,26 @@ def unstacked_matmul_weights(layers: DecoderLayers, dtype: Any) -> list[dict[str
     names = set(MATMUL_WEIGHT_NAMES + LORA_PARAM_NAMES)
     return [{name: value.astype(dtype) if name in names else value for name, value in layer.items()}
             for layer in layers.unstacked()]
+
+
+def pack_layer_params(layer_params: Sequence[dict[str, jax.Array]]) -> list[dict[str, Any]]:
+    """A decode loop's per-layer parameters with every packable block matrix (float32, output
+    width a multiple of 16) as a `PackedMatrix` for the packed CPU kernel; the rest unchanged.
+    Made from the per-layer copies, which a sampler then drops: no more memory than they took."""
+    def packed(name, w):
+        w_in_out = w.reshape(-1, w.shape[-1]) if name == "wo" else w  # wo's head axes are its input
+        return pack(w_in_out, w_in_out.shape[1:]) if name in MATMUL_WEIGHT_NAMES and packable(w_in_out) else w
+    return [{name: packed(name, w) for name, w in layer.items()} for layer in layer_params]
+
+
+def packed_unembed(model: Decoder) -> PackedMatrix | None:
+    """The LM head [D, V] packed for `Decoder.logits` (from the tied embedding's [V, D] table
+    or `lm_head`), or None where it is not float32 with V a multiple of 16."""
+    if model.lm_head is not None:
+        head = model.lm_head[...]
+        return pack(head) if packable(head) else None
+    table = model.embed[...]
+    return pack_transposed(table) if packable(table.T) else None
 
 
 def num_params(model: Decoder) -> int:

@@ -95,12 +95,13 @@ def batch_bucket(live: int, batch: int) -> int:
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "num_samples", "buffer_len", "cache_len", "cache_dtype"))
-def _prefill_rows(graphdef, state, layer_params, tokens_ps, mask_ps, pad_id, *, num_samples: int, buffer_len: int,
+def _prefill_rows(graphdef, state, weights, tokens_ps, mask_ps, pad_id, *, num_samples: int, buffer_len: int,
                   cache_len: int, cache_dtype: str | None) -> LiveRows:
     """Every prompt once, broadcast to its G rows: the decode state before step 0 (the model
-    and layers as `_prepared` made them)."""
+    and decode weights as `_prepared` made them)."""
     model = nnx.merge(graphdef, state)
-    logits_pv, cache = sampler_lib._prefill(model, layer_params, tokens_ps, mask_ps, cache_len, cache_dtype)
+    layer_params, unembed = weights
+    logits_pv, cache = sampler_lib._prefill(model, layer_params, tokens_ps, mask_ps, cache_len, cache_dtype, unembed)
     repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731  Prompt-major.
     cache = cache._replace(keys_bkem=tuple(repeat(k) for k in cache.keys_bkem),
                            values_bkme=tuple(repeat(v) for v in cache.values_bkme), valid_bm=repeat(cache.valid_bm))
@@ -113,27 +114,32 @@ def _prefill_rows(graphdef, state, layer_params, tokens_ps, mask_ps, pad_id, *, 
         logp_nt=jnp.zeros((batch, buffer_len), jnp.float32), mask_nt=jnp.zeros((batch, buffer_len), bool))
 
 
-@functools.partial(jax.jit, static_argnames=("dtype",))
-def _unstacked(layers_state, dtype: str):
-    """Each layer's parameters as their own arrays, matmul weights in `dtype`, once per rollout."""
-    return unstacked_matmul_weights(nnx.merge(*layers_state), dtype)
+@functools.partial(jax.jit, static_argnames=("graphdef", "dtype", "packed_dots"))
+def _decode_weights(graphdef, state, *, dtype: str, packed_dots: bool):
+    """Each layer's parameters as their own arrays, matmul weights in `dtype`, and the LM head
+    to decode with (None: the model's own), packed with `packed_dots`; once per rollout."""
+    model = nnx.merge(graphdef, state)
+    return sampler_lib.decode_weights(model, unstacked_matmul_weights(model.layers, dtype), packed_dots)
 
 
-def _prepared(graphdef, state):
+def _prepared(graphdef, state, packed_dots: bool = False):
     """The decode chunks' model, once per rollout rather than once per chunk: its layers'
     parameters unstacked with their matmul weights cast to the compute dtype, and its LM head
     cast (`cast_matmul_weights`, which the chunks must not run again). The stacked layers stay
     the caller's arrays (the chunks read only the unstacked copies), so a rollout holds one
-    compute-dtype copy of the block matrices, not two. Returns (graphdef, state, layer_params)."""
+    compute-dtype copy of the block matrices, not two. With `packed_dots` the copies and the
+    LM head are packed for the packed-dot kernel (`sampler.decode_weights`). Returns
+    (graphdef, state, (layer_params, unembed))."""
     model = cast_matmul_weights(nnx.merge(graphdef, state), layers=False)
-    layer_params = _unstacked(nnx.split(model.layers), str(jnp.dtype(model.config.matmul_dtype)))
     graphdef, state = nnx.split(model)
-    return graphdef, state, layer_params
+    weights = _decode_weights(graphdef, state, dtype=str(jnp.dtype(model.config.matmul_dtype)),
+                              packed_dots=packed_dots)
+    return graphdef, state, weights
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "num_rows", "greedy", "use_filter"),
                    donate_argnames=("live",))
-def _decode_chunk(graphdef, state, layer_params, key, live: LiveRows, stop_step, max_new_tokens, temperature, top_p,
+def _decode_chunk(graphdef, state, weights, key, live: LiveRows, stop_step, max_new_tokens, temperature, top_p,
                   top_k, stop_ids_n, pad_id, *, num_rows: int, greedy: bool, use_filter: bool) -> LiveRows:
     """Decodes `live` up to step `stop_step` (or max_new_tokens - 1, or until all are done), as
     `sampler._generate_core`'s loop does; once the rollout is over (the last step, or every row
@@ -141,6 +147,7 @@ def _decode_chunk(graphdef, state, layer_params, key, live: LiveRows, stop_step,
     `_prepared`'s."""
     TRACE_COUNTS["decode_chunk"] += 1
     model = nnx.merge(graphdef, state)
+    layer_params, unembed = weights
 
     def emit(c: LiveRows) -> tuple[jax.Array, LiveRows]:
         step_key = jax.random.fold_in(key, c.step)
@@ -162,7 +169,7 @@ def _decode_chunk(graphdef, state, layer_params, key, live: LiveRows, stop_step,
     def body(c: LiveRows) -> LiveRows:
         token_n, c = emit(c)
         logits_n1v, cache = model.decode_step(token_n[:, None], (c.start_pos_n + c.step)[:, None], c.cache,
-                                              last_only=True, layer_params=layer_params)
+                                              last_only=True, layer_params=layer_params, unembed=unembed)
         return c._replace(step=c.step + 1, logits_nv=logits_n1v[:, 0], cache=cache)
 
     c = jax.lax.while_loop(cond, body, live)
@@ -191,7 +198,7 @@ def _regroup(live: LiveRows, index_m, keep_m, num_rows, *, cache_len: int) -> Li
 def generate_compact(graphdef, state, key, tokens_ps, mask_ps, max_new_tokens, temperature, top_p, top_k,
                      stop_ids_n, pad_id, *, num_samples: int, buffer_len: int, greedy: bool, use_filter: bool,
                      cache_dtype: str | None = None, decode_segments: int | None = None,
-                     compact_every: int = DEFAULT_COMPACT_EVERY):
+                     packed_dots: bool = False, compact_every: int = DEFAULT_COMPACT_EVERY):
     """`sampler._generate_core`'s outputs (same arguments, from `generate_core_call`), decoding
     only the rows still alive (module docstring).
 
@@ -209,8 +216,8 @@ def generate_compact(graphdef, state, key, tokens_ps, mask_ps, max_new_tokens, t
     batch = num_prompts * num_samples
     ends = sampler_lib.decode_segment_ends(buffer_len,
                                            decode_segments or sampler_lib.default_decode_segments(buffer_len))
-    cast_graphdef, cast_state, layer_params = _prepared(graphdef, state)
-    live = _prefill_rows(cast_graphdef, cast_state, layer_params, tokens_ps, mask_ps, pad_id, num_samples=num_samples,
+    cast_graphdef, cast_state, weights = _prepared(graphdef, state, packed_dots)
+    live = _prefill_rows(cast_graphdef, cast_state, weights, tokens_ps, mask_ps, pad_id, num_samples=num_samples,
                          buffer_len=buffer_len, cache_len=prompt_len + ends[0], cache_dtype=cache_dtype)
     tokens_bt = np.full((batch, buffer_len), int(pad_id), np.int32)
     logp_bt = np.zeros((batch, buffer_len), np.float32)
@@ -226,7 +233,7 @@ def generate_compact(graphdef, state, key, tokens_ps, mask_ps, max_new_tokens, t
     LAST_CHUNKS.clear()
     while True:
         stop_step = np.int32(min(step + compact_every, ends[segment]))
-        live = _decode_chunk(cast_graphdef, cast_state, layer_params, key, live, stop_step, max_new_tokens,
+        live = _decode_chunk(cast_graphdef, cast_state, weights, key, live, stop_step, max_new_tokens,
                              temperature, top_p, top_k, stop_ids_n, pad_id, num_rows=batch, greedy=greedy,
                              use_filter=use_filter)
         step, done_n = int(live.step), np.asarray(live.done_n)
@@ -279,8 +286,8 @@ def precompile(model, prompt_tokens_ps, prompt_mask_ps, *, num_samples: int, max
     buffer_len = kwargs["buffer_len"]
     ends = sampler_lib.decode_segment_ends(buffer_len, kwargs["decode_segments"]
                                            or sampler_lib.default_decode_segments(buffer_len))
-    cast_graphdef, cast_state, layer_params = _prepared(graphdef, state)
-    live = _prefill_rows(cast_graphdef, cast_state, layer_params, tokens_ps, mask_ps, pad_id, num_samples=num_samples,
+    cast_graphdef, cast_state, weights = _prepared(graphdef, state, kwargs["packed_dots"])
+    live = _prefill_rows(cast_graphdef, cast_state, weights, tokens_ps, mask_ps, pad_id, num_samples=num_samples,
                          buffer_len=buffer_len, cache_len=prompt_len + ends[0], cache_dtype=kwargs["cache_dtype"])
     buckets = sorted({batch_bucket(n, batch) for n in range(1, batch + 1)}, reverse=True)
     before = TRACE_COUNTS["decode_chunk"]
@@ -292,7 +299,7 @@ def precompile(model, prompt_tokens_ps, prompt_mask_ps, *, num_samples: int, max
             shapes = jax.eval_shape(functools.partial(_regroup, cache_len=prompt_len + end), live, index_m,
                                     np.ones(bucket, bool), np.int32(batch))
             rows = jax.tree.map(lambda x: jax.device_put(jnp.zeros(x.shape, x.dtype)), shapes)
-            _decode_chunk(cast_graphdef, cast_state, layer_params, key, rows, np.int32(0), max_new, temperature, top_p,
+            _decode_chunk(cast_graphdef, cast_state, weights, key, rows, np.int32(0), max_new, temperature, top_p,
                           top_k, stop_ids_n, pad_id, num_rows=batch, greedy=kwargs["greedy"],
                           use_filter=kwargs["use_filter"]).step.block_until_ready()
     return TRACE_COUNTS["decode_chunk"] - before

@@ -28,7 +28,8 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_vr import ratios
-from jaxrl_vr.models.decoder import Decoder, cast_matmul_weights, default_cache_dtype, default_positions
+from jaxrl_vr.models import packed_dot
+from jaxrl_vr.models.decoder import Decoder, cast_matmul_weights, default_cache_dtype, default_positions, pack_layer_params, packed_unembed
 
 DEFAULT_BUCKET = 16
 # Decode-loop segments (`decode_segments`): segment j of n runs steps [j/n, (j+1)/n) of the
@@ -220,13 +221,22 @@ def sample_token_and_logprob(key: jax.Array, logits_bv: jax.Array, *, temperatur
     return token_b, jnp.take_along_axis(scaled_bv, token_b[:, None], axis=-1)[:, 0] - (max_b + jnp.log(mass_b))
 
 
-def _prefill(model: Decoder, layer_params, tokens_ps, mask_ps, max_len: int, cache_dtype=None):
+def decode_weights(model: Decoder, layer_params, packed: bool):
+    """(layer_params, unembed) for `Decoder.decode_step` in a decode loop: `layer_params` as
+    given and the model's own LM head, or, with `packed`, both packed for the packed-dot CPU
+    kernel (`decoder.pack_layer_params`, `decoder.packed_unembed`)."""
+    if not packed:
+        return layer_params, None
+    return pack_layer_params(layer_params), packed_unembed(model)
+
+
+def _prefill(model: Decoder, layer_params, tokens_ps, mask_ps, max_len: int, cache_dtype=None, unembed=None):
     """Runs the prompts once: last-position logits [P, V] and a cache of max_len slots."""
     PREFILL_BATCH_SIZES.append(tokens_ps.shape[0])
     cache = model.init_cache(tokens_ps.shape[0], max_len, cache_dtype)
     positions_ps = default_positions(mask_ps)
     logits_p1v, cache = model.decode_step(tokens_ps, positions_ps, cache, mask_bt=mask_ps, last_only=True,
-                                          layer_params=layer_params)
+                                          layer_params=layer_params, unembed=unembed)
     return logits_p1v[:, 0], cache
 
 
@@ -245,19 +255,21 @@ def decode_segment_ends(buffer_len: int, segments: int) -> list[int]:
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "num_samples", "buffer_len", "greedy", "use_filter",
-                                             "cache_dtype", "decode_segments"))
+                                             "cache_dtype", "decode_segments", "packed_dots"))
 def _generate_core(graphdef, state, key, tokens_ps, mask_ps, max_new_tokens, temperature, top_p, top_k,
                    stop_ids_n, pad_id, *, num_samples: int, buffer_len: int, greedy: bool, use_filter: bool,
-                   cache_dtype: str | None = None, decode_segments: int | None = None):
+                   cache_dtype: str | None = None, decode_segments: int | None = None, packed_dots: bool = False):
     TRACE_COUNTS["generate"] += 1
     # Mixed precision: cast the block matrices once per call, not once per decode step.
     model = cast_matmul_weights(nnx.merge(graphdef, state))
-    # Per-layer weights, sliced out of the stacked arrays once per call (not once per step).
-    layer_params = model.layers.unstacked()
+    # Per-layer weights, sliced out of the stacked arrays once per call (not once per step),
+    # packed for the packed-dot kernel where `generate_core_call` chose it.
+    layer_params, unembed = decode_weights(model, model.layers.unstacked(), packed_dots)
     num_prompts, prompt_len = tokens_ps.shape
     batch = num_prompts * num_samples
     segment_ends = decode_segment_ends(buffer_len, decode_segments or default_decode_segments(buffer_len))
-    logits_pv, cache = _prefill(model, layer_params, tokens_ps, mask_ps, prompt_len + segment_ends[0], cache_dtype)
+    logits_pv, cache = _prefill(model, layer_params, tokens_ps, mask_ps, prompt_len + segment_ends[0], cache_dtype,
+                                unembed)
     repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731  Prompt-major.
     cache = cache._replace(
         keys_bkem=tuple(repeat(k) for k in cache.keys_bkem),
@@ -302,7 +314,7 @@ def _generate_core(graphdef, state, key, tokens_ps, mask_ps, max_new_tokens, tem
         def body(c: Carry):
             token_b, done_b, tokens_bt, logp_bt, mask_bt = emit(c)
             logits_b1v, new_cache = model.decode_step(token_b[:, None], (start_pos_b + c.step)[:, None], c.cache,
-                                                      last_only=True, layer_params=layer_params)
+                                                      last_only=True, layer_params=layer_params, unembed=unembed)
             return Carry(c.step + 1, logits_b1v[:, 0], new_cache, done_b, tokens_bt, logp_bt, mask_bt)
         return jax.lax.while_loop(cond, body, c)
 
@@ -440,5 +452,6 @@ def generate_core_call(key, model: Decoder, prompt_tokens_ps, prompt_mask_ps, *,
             np.float32(top_p), np.int32(top_k), stop_ids, np.int32(pad_id))
     kwargs = dict(num_samples=num_samples, buffer_len=buffer_len, greedy=bool(greedy),
                   cache_dtype=cache_dtype, use_filter=bool(not greedy and (top_k > 0 or top_p < 1)),
-                  decode_segments=None if decode_segments is None else int(decode_segments))
+                  decode_segments=None if decode_segments is None else int(decode_segments),
+                  packed_dots=packed_dot.use_packed(state, model.config.matmul_dtype))
     return args, kwargs
