@@ -37,8 +37,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrl_vr.models import packed_dot
 from jaxrl_vr.models.decoder import Decoder, KVCache, cast_matmul_weights, default_cache_dtype
-from jaxrl_vr.sampling.sampler import _prefill, round_up, sample_token_and_logprob
+from jaxrl_vr.sampling.sampler import _prefill, decode_weights, round_up, sample_token_and_logprob
 
 __all__ = ["Session", "Turn", "append", "decode_turn", "encode_stop_sequences", "start",
            "STOP_CAP", "STOP_TOKEN", "STOP_SEQUENCE"]
@@ -102,16 +103,23 @@ def encode_stop_sequences(sequences: Sequence[Sequence[int]], width: int | None 
     return out
 
 
-def _model(graphdef, state):
+def _model(graphdef, state, packed_dots: bool):
+    """(model, layer_params, unembed) for `decode_step`, packed with `packed_dots`
+    (`sampler.decode_weights`)."""
     model = cast_matmul_weights(nnx.merge(graphdef, state))
-    return model, model.layers.unstacked()
+    return model, *decode_weights(model, model.layers.unstacked(), packed_dots)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "num_samples", "slots", "cache_dtype"))
-def _start_core(graphdef, state, tokens_ps, mask_ps, capacity, *, num_samples: int, slots: int, cache_dtype: str):
+def _packed_dots(model: Decoder, state) -> bool:
+    return packed_dot.use_packed(state, model.config.matmul_dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "num_samples", "slots", "cache_dtype", "packed_dots"))
+def _start_core(graphdef, state, tokens_ps, mask_ps, capacity, *, num_samples: int, slots: int, cache_dtype: str,
+                packed_dots: bool = False):
     TRACE_COUNTS["start"] += 1
-    model, layer_params = _model(graphdef, state)
-    logits_pv, cache = _prefill(model, layer_params, tokens_ps, mask_ps, slots, cache_dtype)
+    model, layer_params, unembed = _model(graphdef, state, packed_dots)
+    logits_pv, cache = _prefill(model, layer_params, tokens_ps, mask_ps, slots, cache_dtype, unembed)
     repeat = lambda x: jnp.repeat(x, num_samples, axis=0)  # noqa: E731  Prompt-major.
     cache = cache._replace(keys_bkem=tuple(repeat(k) for k in cache.keys_bkem),
                            values_bkme=tuple(repeat(v) for v in cache.values_bkme),
@@ -158,15 +166,16 @@ def start(model: Decoder, prompt_tokens_ps, prompt_mask_ps, *, num_samples: int,
     graphdef, state = nnx.split(model)
     slots = min(round_up(tokens_ps.shape[1] + 1, GROW_SLOTS), capacity)
     return _start_core(graphdef, state, tokens_ps, mask_ps, np.int32(capacity), num_samples=int(num_samples),
-                       slots=slots, cache_dtype=cache_dtype)
+                       slots=slots, cache_dtype=cache_dtype, packed_dots=_packed_dots(model, state))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "width", "greedy", "use_filter"),
+@functools.partial(jax.jit, static_argnames=("graphdef", "width", "greedy", "use_filter", "packed_dots"),
                    donate_argnames=("session",))
 def _decode_core(graphdef, state, session: Session, key, live_b, max_tokens, temperature, top_p, top_k,
-                 stop_ids_n, stop_seqs_nl, pad_id, *, width: int, greedy: bool, use_filter: bool):
+                 stop_ids_n, stop_seqs_nl, pad_id, *, width: int, greedy: bool, use_filter: bool,
+                 packed_dots: bool = False):
     TRACE_COUNTS["decode_turn"] += 1
-    model, layer_params = _model(graphdef, state)
+    model, layer_params, unembed = _model(graphdef, state, packed_dots)
     batch = live_b.shape[0]
     seq_len = stop_seqs_nl.shape[1]
 
@@ -199,7 +208,7 @@ def _decode_core(graphdef, state, session: Session, key, live_b, max_tokens, tem
                            jnp.where(active_b & hit_seq_b, STOP_SEQUENCE, c.stop_b))
         logits_b1v, cache = model.decode_step(token_b[:, None], s.pos_b[:, None], s.cache,
                                               mask_bt=active_b[:, None], last_only=True,
-                                              layer_params=layer_params)
+                                              layer_params=layer_params, unembed=unembed)
         logits_bv = jnp.where(active_b[:, None], logits_b1v[:, 0].astype(jnp.float32), s.logits_bv)
         session = Session(cache, logits_bv, s.pos_b + active_b.astype(jnp.int32), s.capacity)
         return Carry(c.step + 1, session, active_b & ~hit_token_b & ~hit_seq_b, stop_b, tail_bl,
@@ -237,16 +246,17 @@ def decode_turn(key, model: Decoder, session: Session, live_b, *, max_tokens: in
     return _decode_core(graphdef, state, session, key, jnp.asarray(live_b, bool), np.int32(max_tokens),
                         np.float32(temperature), np.float32(top_p), np.int32(top_k), stop_ids, seqs,
                         np.int32(pad_id), width=width, greedy=bool(greedy),
-                        use_filter=bool(not greedy and (top_k > 0 or top_p < 1)))
+                        use_filter=bool(not greedy and (top_k > 0 or top_p < 1)),
+                        packed_dots=_packed_dots(model, state))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("session",))
-def _append_core(graphdef, state, session: Session, tokens_bc, mask_bc):
+@functools.partial(jax.jit, static_argnames=("graphdef", "packed_dots"), donate_argnames=("session",))
+def _append_core(graphdef, state, session: Session, tokens_bc, mask_bc, *, packed_dots: bool = False):
     TRACE_COUNTS["append"] += 1
-    model, layer_params = _model(graphdef, state)
+    model, layer_params, unembed = _model(graphdef, state, packed_dots)
     positions_bc = session.pos_b[:, None] + jnp.maximum(jnp.cumsum(mask_bc.astype(jnp.int32), axis=1) - 1, 0)
     logits_b1v, cache = model.decode_step(tokens_bc, positions_bc, session.cache, mask_bt=mask_bc,
-                                          last_only=True, layer_params=layer_params)
+                                          last_only=True, layer_params=layer_params, unembed=unembed)
     has_b = jnp.any(mask_bc, axis=1)
     logits_bv = jnp.where(has_b[:, None], logits_b1v[:, 0].astype(jnp.float32), session.logits_bv)
     return Session(cache, logits_bv, session.pos_b + jnp.sum(mask_bc, axis=1, dtype=jnp.int32), session.capacity)
@@ -272,4 +282,4 @@ def append(model: Decoder, session: Session, chunks: Sequence[Sequence[int]], *,
             tokens[b, width - len(ids):] = ids
             mask[b, width - len(ids):] = True
     graphdef, state = nnx.split(model)
-    return _append_core(graphdef, state, session, tokens, mask)
+    return _append_core(graphdef, state, session, tokens, mask, packed_dots=_packed_dots(model, state))

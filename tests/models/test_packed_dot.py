@@ -202,3 +202,25 @@ def test_build_compiles_once_per_source_into_the_cache(monkeypatch, tmp_path):
     stamp = os.path.getmtime(first)
     assert pd.build() == first and os.path.getmtime(first) == stamp
     assert os.listdir(tmp_path / "kernels") == [os.path.basename(first)]  # no temporary file left
+
+
+@needs_kernel
+def test_multiturn_session_on_packed_dots_equals_the_xla_session(monkeypatch):
+    """Prefill, a turn, an appended observation, a second turn: the same tokens either way."""
+    from jaxrl_vr.sampling import multiturn as mt
+
+    model = _model(lora=True)
+    prompts = np.random.default_rng(3).integers(3, 48, (2, 5)).astype(np.int32)
+    turns = {}
+    for mode in ("xla", "packed"):
+        monkeypatch.setenv("JAXRL_VR_DECODE_DOTS", mode)
+        session = mt.start(model, prompts, np.ones((2, 5), bool), num_samples=2, capacity=64)
+        session, first = mt.decode_turn(jax.random.key(0), model, session, np.ones(4, bool), max_tokens=6,
+                                        greedy=True)
+        session = mt.append(model, session, [[5, 6], [], [7], [8, 9, 10]])
+        session, second = mt.decode_turn(jax.random.key(1), model, session, np.ones(4, bool), max_tokens=5,
+                                         greedy=True)
+        turns[mode] = (first, second)
+    for packed, xla in zip(turns["packed"], turns["xla"]):
+        np.testing.assert_array_equal(packed.tokens_bw, xla.tokens_bw)
+        np.testing.assert_allclose(packed.logp_bw, xla.logp_bw, atol=1e-5)
