@@ -42,12 +42,16 @@ def machine_key(cpuinfo: str | None = None) -> str:
     return f"{platform.machine() or 'unknown'}-{digest}"
 
 
-def default_cache_dir(cpuinfo: str | None = None) -> str:
-    """``$JAXRL_VR_CACHE_HOME`` (else ``$XDG_CACHE_HOME/jaxrl_vr``, else ``~/.cache/jaxrl_vr``)
-    ``/xla/<machine_key>``."""
-    home = os.environ.get(CACHE_HOME_ENV) or os.path.join(
+def cache_home() -> str:
+    """Where jaxrl_vr keeps what it builds: ``$JAXRL_VR_CACHE_HOME``, else
+    ``$XDG_CACHE_HOME/jaxrl_vr``, else ``~/.cache/jaxrl_vr``."""
+    return os.environ.get(CACHE_HOME_ENV) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "jaxrl_vr")
-    return os.path.join(home, "xla", machine_key(cpuinfo))
+
+
+def default_cache_dir(cpuinfo: str | None = None) -> str:
+    """`cache_home()` ``/xla/<machine_key>``."""
+    return os.path.join(cache_home(), "xla", machine_key(cpuinfo))
 
 
 def resolve_cache_dir(setting: str) -> str | None:

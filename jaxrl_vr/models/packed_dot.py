@@ -8,8 +8,8 @@ copies once per rollout (`pack_layer_params`: the same memory as the unpacked co
 replace) and `_block` / `Decoder.logits` run a `PackedMatrix` through `packed_dot`, an XLA FFI
 custom call on XLA's own thread pool. Inference only: it has no derivative.
 
-The kernel is compiled with g++ at first use into ``$JAXRL_VR_CACHE`` (default
-``~/.cache/jaxrl_vr``)/kernels, keyed by the source, jaxlib version and flags.
+The kernel is compiled with g++ at first use into `compilation_cache.cache_home()`/kernels
+(``~/.cache/jaxrl_vr/kernels`` by default), keyed by the source, jaxlib version and flags.
 `JAXRL_VR_DECODE_DOTS` picks the path: ``auto`` (default: packed where `unavailable_reason`
 is None), ``packed`` (an error where it is not available) or ``xla``.
 """
@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_vr import host_cpu
+from jaxrl_vr import compilation_cache, host_cpu
 
 PANEL = 16
 """Columns per packed panel; a packable matrix has a multiple of this many columns."""
@@ -98,7 +98,7 @@ def packed_dot(x: jax.Array, w: PackedMatrix) -> jax.Array:
 
 
 def cache_dir() -> str:
-    return os.path.join(os.environ.get("JAXRL_VR_CACHE") or os.path.expanduser("~/.cache/jaxrl_vr"), "kernels")
+    return os.path.join(compilation_cache.cache_home(), "kernels")
 
 
 def _compiler() -> str | None:

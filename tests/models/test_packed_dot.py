@@ -196,7 +196,7 @@ def test_unbuildable_kernel_is_a_reason_not_a_crash(monkeypatch):
 
 @needs_kernel
 def test_build_compiles_once_per_source_into_the_cache(monkeypatch, tmp_path):
-    monkeypatch.setenv("JAXRL_VR_CACHE", str(tmp_path))
+    monkeypatch.setenv("JAXRL_VR_CACHE_HOME", str(tmp_path))
     first = pd.build()
     assert os.path.dirname(first) == str(tmp_path / "kernels") and os.path.getsize(first) > 0
     stamp = os.path.getmtime(first)
