@@ -14,11 +14,10 @@ torch MLP stack 11 % faster than XLA's on an AMX Xeon, where the lead was 1.6×.
     python benchmarks/decode_dots.py [--shapes wide-qwen2] [--rows 64] [--steps 63] [--rounds 2] [--precision bf16] \\
         [--sides jax,torch,packed] [--torch-python $PEERS_ROOT/venv-trl/bin/python] [--out benchmarks/results/decode_dots.json]
 
-`--sides packed` adds a third side (fp32, x86 with AVX2 and FMA, gcc): the same step on
-`packed_gemm.c`, a plain register-blocked kernel over weights packed once into 16-column
-panels, OpenMP over the panels (compiled into a temporary directory; numpy for the few
-elementwise ops). It is not the library's; it shows how far the CPU's small-M dots are from
-what XLA's and torch's kernels reach, i.e. what a custom decode kernel could gain.
+`--sides packed` adds a third side (fp32, x86 with AVX2 and FMA, g++): the jax side's step with
+every dot on the library's packed-dot decode kernel (`jaxrl_vr.models.packed_dot`, weights
+packed once into 16-column panels, outside the timed calls), the dots the samplers run in
+float32 on such a CPU.
 
 bf16: bf16 weights (cast once, outside the timed calls) on both sides; bf16 operands with
 float32 accumulation on ours (`preferred_element_type`), autocast's bf16 matmuls on torch's.
@@ -91,7 +90,7 @@ def time_calls(call, repeats: int) -> list[float]:
     return times
 
 
-def jax_side(args) -> list[float]:
+def jax_side(args, packed: bool = False) -> list[float]:
     sys.path.insert(0, REPO)
     from jaxrl_vr.host_memory import keep_host_memory
     keep_host_memory()
@@ -99,17 +98,30 @@ def jax_side(args) -> list[float]:
     import jax.numpy as jnp
     import numpy as np
 
+    from jaxrl_vr.models import packed_dot
+
     s = SHAPES[args.shapes]
     dtype = jnp.bfloat16 if args.precision == "bf16" else jnp.float32
     rng = np.random.default_rng(0)
-    # Weights in the compute dtype once, as the sampler's `cast_matmul_weights` does per call.
+    # Weights in the compute dtype once, as the sampler's `cast_matmul_weights` does per call
+    # (or packed once, as `sampler.decode_weights` does per rollout).
     weights, head = random_weights(args.shapes, rng)
     weights = [{name: jnp.asarray(w, dtype) for name, w in layer.items()} for layer in weights]
     head = jnp.asarray(head, dtype)
+    if packed:
+        weights = [{name: packed_dot.pack(w) for name, w in layer.items()} for layer in weights]
+        head = packed_dot.pack_transposed(head)
     repeats = s["q_width"] // s["kv_width"]
 
     def dot(x, w):
+        if packed:
+            return packed_dot.packed_dot(x, w)
         return jnp.matmul(x.astype(dtype), w, preferred_element_type=jnp.float32)
+
+    def head_dot(x, head):
+        if packed:
+            return packed_dot.packed_dot(x, head)
+        return jnp.matmul(x.astype(dtype), head.T, preferred_element_type=jnp.float32)
 
     @jax.jit
     def run(x, weights, head):
@@ -118,12 +130,22 @@ def jax_side(args) -> list[float]:
                 attn = dot(x, w["q"]) + jnp.tile(dot(x, w["k"]) + dot(x, w["v"]), (1, repeats))
                 x = x + dot(attn, w["o"])
                 x = 0.5 * (x + dot(jax.nn.silu(dot(x, w["gate"])) * dot(x, w["up"]), w["down"]))
-            logits = jnp.matmul(x.astype(dtype), head.T, preferred_element_type=jnp.float32)
-            return x + 1e-3 * logits[:, :s["hidden"]]
+            return x + 1e-3 * head_dot(x, head)[:, :s["hidden"]]
         return jax.lax.fori_loop(0, args.steps, step, x)
 
     x = jnp.asarray(rng.standard_normal((args.rows, s["hidden"]), np.float32))
     return time_calls(lambda: jax.block_until_ready(run(x, weights, head)), args.repeats)
+
+
+def packed_side(args) -> list[float]:
+    """The jax side's step, every dot on the packed-dot kernel (fp32, AVX2 + FMA, g++)."""
+    sys.path.insert(0, REPO)
+    from jaxrl_vr.models import packed_dot
+
+    reason = packed_dot.unavailable_reason()
+    if reason is not None:
+        raise SystemExit(f"--sides packed needs the packed-dot kernel, but {reason}.")
+    return jax_side(args, packed=True)
 
 
 def torch_side(args) -> list[float]:
@@ -157,108 +179,6 @@ def torch_side(args) -> list[float]:
     return time_calls(lambda: run(x), args.repeats)
 
 
-def aligned_empty(shape: tuple[int, ...], alignment: int = 64):
-    """A float32 numpy array whose data starts on an `alignment`-byte boundary."""
-    import numpy as np
-
-    size = int(np.prod(shape))
-    raw = np.empty(size + alignment // 4, np.float32)
-    offset = (-raw.ctypes.data % alignment) // 4
-    return raw[offset:offset + size].reshape(shape)
-
-
-def cpu_flags() -> set[str]:
-    """The instruction-set flags of /proc/cpuinfo (empty off Linux)."""
-    cpu = host_cpu()
-    return set((cpu.cpuinfo_field(cpu.read_cpuinfo(), "flags") or "").split())
-
-
-def build_packed_kernel(work: str) -> str:
-    """Compiles packed_gemm.c into `work`; the path of the shared library."""
-    import shutil
-
-    if not {"avx2", "fma"} <= cpu_flags():
-        raise SystemExit("--sides packed needs an x86 CPU with AVX2 and FMA (see /proc/cpuinfo flags).")
-    compiler = shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
-        raise SystemExit("--sides packed needs gcc (or cc) to compile benchmarks/packed_gemm.c.")
-    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "packed_gemm.c")
-    library = os.path.join(work, "packed_gemm.so")
-    subprocess.run([compiler, "-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", source, "-o", library],
-                   check=True)
-    return library
-
-
-class PackedKernel:
-    """packed_gemm.c, compiled into `work` and loaded: `pack(w)` packs a [K, N] weight once,
-    `dot(x, packed)` returns x @ w ([M, N], into a buffer owned by `packed`, reused by the
-    next dot against the same weight)."""
-
-    def __init__(self, work: str, max_rows: int, max_k: int):
-        import ctypes
-
-        self.lib = ctypes.CDLL(build_packed_kernel(work))
-        pointer, c_int = ctypes.c_void_p, ctypes.c_int
-        self.lib.pack_b.argtypes = [pointer, c_int, c_int, pointer]
-        self.lib.gemm_packed.argtypes = [pointer, c_int, c_int, pointer, c_int, pointer, pointer]
-        rows_per_block = self.lib.rows_per_block()
-        self.max_rows, self.max_k = max_rows, max_k
-        self.a_work = aligned_empty((-(-max_rows // rows_per_block) * rows_per_block * max_k,))
-
-    def pack(self, w):
-        import numpy as np
-
-        k, n = w.shape
-        if n % 16 or k > self.max_k:
-            raise ValueError(f"packed_gemm.c takes [K <= {self.max_k}, N divisible by 16] weights, got {w.shape}.")
-        panels = aligned_empty((n // 16, k, 16))
-        w = np.ascontiguousarray(w, np.float32)  # held here: a temporary's memory would be freed before the call
-        self.lib.pack_b(w.ctypes.data, k, n, panels.ctypes.data)
-        return panels, k, n, aligned_empty((self.max_rows, n))
-
-    def dot(self, x, packed):
-        import numpy as np
-
-        panels, k, n, out = packed
-        x = np.ascontiguousarray(x, np.float32)
-        if x.shape[1] != k or x.shape[0] > self.max_rows:
-            raise ValueError(f"x {x.shape} against a packed [{k}, {n}] weight (at most {self.max_rows} rows).")
-        self.lib.gemm_packed(x.ctypes.data, x.shape[0], k, panels.ctypes.data, n, out.ctypes.data,
-                             self.a_work.ctypes.data)
-        return out[:x.shape[0]]
-
-
-def packed_side(args) -> list[float]:
-    """The jax side's step, every dot on packed_gemm.c (weights packed once, outside the timing)."""
-    import numpy as np
-
-    s = SHAPES[args.shapes]
-    rng = np.random.default_rng(0)
-    shapes = layer_weight_shapes(**s)
-    weights, head = random_weights(args.shapes, rng)
-    repeats = s["q_width"] // s["kv_width"]
-    kernel = PackedKernel(tempfile.mkdtemp(prefix="packed_gemm_"), args.rows, max(k for k, _ in shapes.values()))
-    packed = [{name: kernel.pack(w) for name, w in layer.items()} for layer in weights]
-    packed_head = kernel.pack(head.T)
-    del weights, head
-
-    def silu(x):
-        return x / (1.0 + np.exp(-x))
-
-    def run(x):
-        dot = kernel.dot
-        for _ in range(args.steps):
-            for w in packed:
-                attn = dot(x, w["q"]) + np.tile(dot(x, w["k"]) + dot(x, w["v"]), (1, repeats))
-                x = x + dot(attn, w["o"])
-                x = 0.5 * (x + dot(silu(dot(x, w["gate"])) * dot(x, w["up"]), w["down"]))
-            x = x + 1e-3 * dot(x, packed_head)[:, :s["hidden"]]
-        return x
-
-    x = rng.standard_normal((args.rows, s["hidden"])).astype(np.float32)
-    return time_calls(lambda: run(x), args.repeats)
-
-
 SIDES = {"jax": jax_side, "torch": torch_side, "packed": packed_side}
 
 
@@ -288,7 +208,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per process, after one warm-up")
     parser.add_argument("--rounds", type=int, default=2, help="processes per side, alternated")
     parser.add_argument("--sides", default="jax,torch",
-                        help="comma-separated, of jax, torch and packed (packed_gemm.c; fp32, AVX2 + FMA)")
+                        help="comma-separated, of jax, torch and packed (the packed-dot kernel; fp32, AVX2 + FMA)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--side", choices=tuple(SIDES), help=argparse.SUPPRESS)  # child process
     parser.add_argument("--child-out", help=argparse.SUPPRESS)

@@ -1,12 +1,14 @@
 """benchmarks/decode_dots.py's bookkeeping (no timing): the FLOP count, the summary, the
-flags, and the arithmetic of its packed kernel (packed_gemm.c)."""
+flags, and the arithmetic of its packed side's dots (the library's packed-dot kernel)."""
 
 import os
-import shutil
 import sys
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from jaxrl_vr.models import packed_dot
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 
@@ -61,23 +63,18 @@ def test_bad_sides_are_refused(argv):
         decode_dots.main(argv)
 
 
-@pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
-    if not ({"avx2", "fma"} <= decode_dots.cpu_flags() and shutil.which("gcc")):
-        pytest.skip("packed_gemm.c needs x86 AVX2 + FMA and gcc")
-    return decode_dots.PackedKernel(str(tmp_path_factory.mktemp("packed_gemm")), max_rows=32, max_k=64)
-
-
+@pytest.mark.skipif(packed_dot.unavailable_reason() is not None, reason="the packed-dot kernel cannot run here")
 @pytest.mark.parametrize("m, k, n", [(1, 3, 16), (7, 33, 48), (32, 64, 32), (9, 5, 160)])
-def test_the_packed_kernel_is_a_matmul(kernel, m, k, n):
-    """Row counts off the register block (1, 7, 9), K not a multiple of anything, several panels."""
+def test_the_packed_side_runs_a_matmul(m, k, n):
+    """The packed side's dots (the library kernel, as it packs them): row counts off the
+    register block (1, 7, 9), K not a multiple of anything, several panels."""
     rng = np.random.default_rng(m * 100 + k)
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
-    packed = kernel.pack(b)
-    np.testing.assert_allclose(kernel.dot(a, packed), a @ b, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(kernel.dot(2 * a, packed), 2 * (a @ b), rtol=1e-5, atol=1e-5)  # buffer reused
-    assert kernel.dot(a[:1], packed).shape == (1, n)
-    transposed = np.asfortranarray(b)  # packed from a copy (as the LM head's embed.T is)
-    np.testing.assert_allclose(kernel.dot(a, kernel.pack(transposed)), a @ b, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="divisible by 16"):
-        kernel.pack(b[:, :n - 1])
+    packed = packed_dot.pack(jnp.asarray(b))
+    np.testing.assert_allclose(packed_dot.packed_dot(jnp.asarray(a), packed), a @ b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(packed_dot.packed_dot(jnp.asarray(2 * a), packed), 2 * (a @ b), rtol=1e-5, atol=1e-5)
+    assert packed_dot.packed_dot(jnp.asarray(a[:1]), packed).shape == (1, n)
+    head = packed_dot.pack_transposed(jnp.asarray(b.T))  # packed from [N, K], as the LM head's table
+    np.testing.assert_allclose(packed_dot.packed_dot(jnp.asarray(a), head), a @ b, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        packed_dot.pack(jnp.asarray(b[:, :n - 1]))
