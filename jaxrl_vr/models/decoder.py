@@ -939,14 +939,36 @@ def unstacked_matmul_weights(layers: DecoderLayers, dtype: Any) -> list[dict[str
             for layer in layers.unstacked()]
 
 
-def pack_layer_params(layer_params: Sequence[dict[str, jax.Array]]) -> list[dict[str, Any]]:
+def pack_layer_params(layer_params: Sequence[dict[str, jax.Array]], lora_scale: float = 0.0) -> list[dict[str, Any]]:
     """A decode loop's per-layer parameters with every packable block matrix (float32, output
     width a multiple of 16) as a `PackedMatrix` for the packed CPU kernel; the rest unchanged.
-    Made from the per-layer copies, which a sampler then drops: no more memory than they took."""
-    def packed(name, w):
+    Made from the per-layer copies, which a sampler then drops: no more memory than they took.
+
+    A packable matrix with adapters (`lora_names`) is packed as W + lora_scale·A·B, and its
+    adapters leave the layer: the packed copy is the sampler's second copy of the base either
+    way, so the merge costs no memory, and each decode step skips the adapters' two small dots
+    per matrix (14 a layer: 1-2 s of a 53 s fp32 rollout of the 0.4B model with rank-16
+    adapters, P4 G8, 128 tokens, on a 2-core AMX Xeon). A matrix left unpacked keeps its
+    adapters on the activation path."""
+    def packed(name, w, layer):
         w_in_out = w.reshape(-1, w.shape[-1]) if name == "wo" else w  # wo's head axes are its input
-        return pack(w_in_out, w_in_out.shape[1:]) if name in MATMUL_WEIGHT_NAMES and packable(w_in_out) else w
-    return [{name: packed(name, w) for name, w in layer.items()} for layer in layer_params]
+        if name not in MATMUL_WEIGHT_NAMES or not packable(w_in_out):
+            return w
+        a_name, b_name = lora_names(name)
+        if a_name in layer:
+            delta = jnp.einsum("ir,ro->io", layer[a_name], layer[b_name], precision=jax.lax.Precision.HIGHEST)
+            w_in_out = w_in_out + lora_scale * delta.reshape(w_in_out.shape).astype(w_in_out.dtype)
+        return pack(w_in_out, w_in_out.shape[1:])
+
+    def merged(name, layer):  # whether `name` is an adapter of a matrix packed (and merged) above
+        target = next((t for t in MATMUL_WEIGHT_NAMES if name in lora_names(t)), None)
+        return target is not None and isinstance(layer[target], PackedMatrix)
+
+    out = []
+    for layer in layer_params:
+        packed_layer = {name: packed(name, w, layer) for name, w in layer.items()}
+        out.append({name: w for name, w in packed_layer.items() if not merged(name, packed_layer)})
+    return out
 
 
 def packed_unembed(model: Decoder) -> PackedMatrix | None:

@@ -100,10 +100,18 @@ def _model(lora=False, tied=True):
 
 def test_pack_layer_params_packs_the_packable_block_matrices_only():
     model = _model(lora=True)
-    packed = pack_layer_params(model.layers.unstacked())[0]
+    layer = model.layers.unstacked()[0]
+    packed = pack_layer_params([layer], model.layers.lora_scale)[0]
     assert {name for name, w in packed.items() if isinstance(w, pd.PackedMatrix)} == {
         "wq", "wo", "w_gate", "w_up", "w_down"}
     assert packed["wq"].out_dims == (2, 8) and packed["wo"].in_dim == 16
+    # The packed matrices carry their adapters merged (W + scale·A·B) and drop them; wk and wv
+    # (4 output columns: not packable) keep theirs for the activation path.
+    assert {name for name in packed if "lora" in name} == {*lora_names("wk"), *lora_names("wv")}
+    a, b = layer["wo_lora_a"], layer["wo_lora_b"]
+    merged_wo = layer["wo"].reshape(16, -1) + model.layers.lora_scale * np.asarray(a) @ np.asarray(b)
+    np.testing.assert_allclose(packed["wo"].panels, pd.pack(merged_wo).panels, rtol=1e-6, atol=1e-6)
+    assert model.layers.lora_scale == 2.0 and float(jnp.abs(b).max()) > 0.1  # the merge changes wo
     assert isinstance(packed_unembed(model), pd.PackedMatrix)
     assert packed_unembed(_model(tied=False)).in_dim == 32
 
