@@ -940,29 +940,32 @@ def unstacked_matmul_weights(layers: DecoderLayers, dtype: Any) -> list[dict[str
 
 
 def pack_layer_params(layer_params: Sequence[dict[str, jax.Array]], lora_scale: float = 0.0) -> list[dict[str, Any]]:
-    """A decode loop's per-layer parameters with every packable block matrix (float32, output
-    width a multiple of 16) as a `PackedMatrix` for the packed CPU kernel; the rest unchanged.
-    Made from the per-layer copies, which a sampler then drops: no more memory than they took.
+    """A decode loop's per-layer parameters with every packable block matrix (`packable`:
+    float32 or bf16 in the compute dtype, output width a multiple of the panel width) as a
+    `PackedMatrix` for the packed CPU kernels; the rest unchanged. Made from the per-layer
+    copies, which a sampler then drops: no more memory than they took.
 
-    A packable matrix with adapters (`lora_names`) is packed as W + lora_scale·A·B, and its
-    adapters leave the layer: the packed copy is the sampler's second copy of the base either
-    way, so the merge costs no memory, and each decode step skips the adapters' two small dots
+    A packable float32 matrix with adapters (`lora_names`) is packed as W + lora_scale·A·B,
+    and its adapters leave the layer: the packed copy is the sampler's second copy of the base
+    either way, so the merge costs no memory, and each decode step skips the adapters' two small dots
     per matrix (14 a layer: 1-2 s of a 53 s fp32 rollout of the 0.4B model with rank-16
     adapters, P4 G8, 128 tokens, on a 2-core AMX Xeon). A matrix left unpacked keeps its
-    adapters on the activation path."""
+    adapters on the activation path, and so does a bf16 one: a bf16 sum would round most of a
+    small adapter update away (`merge_lora`)."""
     def packed(name, w, layer):
         w_in_out = w.reshape(-1, w.shape[-1]) if name == "wo" else w  # wo's head axes are its input
         if name not in MATMUL_WEIGHT_NAMES or not packable(w_in_out):
             return w
         a_name, b_name = lora_names(name)
-        if a_name in layer:
+        if a_name in layer and w_in_out.dtype == jnp.float32:
             delta = jnp.einsum("ir,ro->io", layer[a_name], layer[b_name], precision=jax.lax.Precision.HIGHEST)
             w_in_out = w_in_out + lora_scale * delta.reshape(w_in_out.shape).astype(w_in_out.dtype)
         return pack(w_in_out, w_in_out.shape[1:])
 
-    def merged(name, layer):  # whether `name` is an adapter of a matrix packed (and merged) above
+    def merged(name, layer):  # whether `name` is an adapter of a matrix packed and merged above
         target = next((t for t in MATMUL_WEIGHT_NAMES if name in lora_names(t)), None)
-        return target is not None and isinstance(layer[target], PackedMatrix)
+        return (target is not None and isinstance(layer[target], PackedMatrix)
+                and layer[target].panels.dtype == jnp.float32)
 
     out = []
     for layer in layer_params:
@@ -972,12 +975,17 @@ def pack_layer_params(layer_params: Sequence[dict[str, jax.Array]], lora_scale: 
 
 
 def packed_unembed(model: Decoder) -> PackedMatrix | None:
-    """The LM head [D, V] packed for `Decoder.logits` (from the tied embedding's [V, D] table
-    or `lm_head`), or None where it is not float32 with V a multiple of 16."""
+    """The LM head [D, V] in the compute dtype, packed for `Decoder.logits` (from the copy
+    that `cast_matmul_weights` made, `lm_head` or the tied embedding's [V, D] table), or None
+    where it is not `packable`."""
+    copy = getattr(model, "unembed_compute", None)
+    if copy is not None:
+        return pack(copy[...]) if packable(copy[...]) else None
+    dtype = jnp.dtype(model.config.matmul_dtype)
     if model.lm_head is not None:
-        head = model.lm_head[...]
+        head = model.lm_head[...].astype(dtype)
         return pack(head) if packable(head) else None
-    table = model.embed[...]
+    table = model.embed[...].astype(dtype)
     return pack_transposed(table) if packable(table.T) else None
 
 

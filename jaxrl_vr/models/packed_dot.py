@@ -1,8 +1,10 @@
-"""The decode loop's float32 dots on a packed-weight CPU kernel (x86 with AVX2 and FMA).
+"""The decode loop's dots on packed-weight CPU kernels: float32 (x86 with AVX2 and FMA) and
+bf16 with float32 accumulation (x86 with AMX-BF16, Intel's tile matrix unit).
 
 A decode step multiplies few rows (the rollout's live rows) by every weight matrix, and at
-such shapes XLA:CPU's float32 dot reaches about 0.6 of a plain register-blocked kernel that
-reads each matrix as 16-column panels packed once (`csrc/packed_dot.cc`; measured by
+such shapes XLA:CPU's dot reaches about 0.6 of a plain register-blocked float32 kernel that
+reads each matrix as 16-column panels packed once, and about 0.5 of AMX tiles reading
+32-column bf16 panels of K-pairs (`csrc/packed_dot.cc`; measured by
 `benchmarks/decode_dots.py --sides jax,packed`). The samplers pack their per-layer weight
 copies once per rollout (`pack_layer_params`: the same memory as the unpacked copies they
 replace) and `_block` / `Decoder.logits` run a `PackedMatrix` through `packed_dot`, an XLA FFI
@@ -31,9 +33,13 @@ import numpy as np
 from jaxrl_vr import compilation_cache, host_cpu
 
 PANEL = 16
-"""Columns per packed panel; a packable matrix has a multiple of this many columns."""
+"""Columns per float32 panel; a packable float32 matrix has a multiple of this many columns."""
+PANEL_BF16 = 32
+"""Columns per bf16 panel; a packable bf16 matrix has a multiple of this many columns and of
+rows (the AMX kernel sums K in steps of 32)."""
 
 TARGET = "jaxrl_vr_packed_dot"
+TARGET_BF16 = "jaxrl_vr_packed_dot_amx"
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "packed_dot.cc")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-std=c++17", "-shared", "-fPIC")
 MODES = ("auto", "packed", "xla")
@@ -41,9 +47,10 @@ MODES = ("auto", "packed", "xla")
 
 @jax.tree_util.register_pytree_node_class
 class PackedMatrix:
-    """W [K, N] as panels [N / 16, K, 16] (panel j holds columns 16j .. 16j + 15), and the
-    output axes `out_dims` (product N) the product's last axis is split into (for example
-    (heads, head_dim) of a query projection)."""
+    """W [K, N] as float32 panels [N / 16, K, 16] (panel j holds columns 16j .. 16j + 15) or
+    bf16 panels [N / 32, K / 2, 64] (panel j holds columns 32j .. 32j + 31, each row pair
+    (2p, 2p + 1) as 32 column pairs), and the output axes `out_dims` (product N) the
+    product's last axis is split into (for example (heads, head_dim) of a query projection)."""
 
     def __init__(self, panels: jax.Array, out_dims: tuple[int, ...]):
         self.panels = panels
@@ -51,7 +58,7 @@ class PackedMatrix:
 
     @property
     def in_dim(self) -> int:
-        return self.panels.shape[1]
+        return self.panels.shape[1] * (2 if self.panels.dtype == jnp.bfloat16 else 1)
 
     def tree_flatten(self):
         return (self.panels,), self.out_dims
@@ -62,12 +69,17 @@ class PackedMatrix:
 
 
 def pack(w_kn: jax.Array, out_dims: tuple[int, ...] | None = None) -> PackedMatrix:
-    """Packs a float32 [K, ...] weight (trailing axes merged into N, a multiple of 16)."""
+    """Packs a [K, ...] weight (trailing axes merged into N): float32 with N a multiple of 16,
+    or bf16 with N and K multiples of 32."""
     k = w_kn.shape[0]
     n = int(np.prod(w_kn.shape[1:]))
-    if w_kn.dtype != jnp.float32 or n % PANEL:
-        raise ValueError(f"pack needs a float32 weight with a multiple of {PANEL} output columns; "
-                         f"got {w_kn.dtype} [{k}, {n}]. Keep such a weight unpacked (`packable`).")
+    if not packable(w_kn):
+        raise ValueError(f"pack needs a float32 weight with a multiple of {PANEL} output columns or a bf16 one "
+                         f"with multiples of {PANEL_BF16} columns and rows; got {w_kn.dtype} "
+                         f"[{k}, {n}]. Keep such a weight unpacked (`packable`).")
+    if w_kn.dtype == jnp.bfloat16:
+        pairs = jnp.transpose(w_kn.reshape(k // 2, 2, n // PANEL_BF16, PANEL_BF16), (2, 0, 3, 1))
+        return PackedMatrix(pairs.reshape(n // PANEL_BF16, k // 2, 2 * PANEL_BF16), out_dims or (n,))
     panels = jnp.transpose(w_kn.reshape(k, n // PANEL, PANEL), (1, 0, 2))
     return PackedMatrix(panels, out_dims or (n,))
 
@@ -75,6 +87,8 @@ def pack(w_kn: jax.Array, out_dims: tuple[int, ...] | None = None) -> PackedMatr
 def pack_transposed(w_nk: jax.Array) -> PackedMatrix:
     """Packs W = w_nk.T from its [N, K] layout (a tied embedding as the LM head)."""
     n, k = w_nk.shape
+    if w_nk.dtype == jnp.bfloat16:
+        return pack(w_nk.T)
     if w_nk.dtype != jnp.float32 or n % PANEL:
         raise ValueError(f"pack_transposed needs a float32 [N, K] weight with N a multiple of {PANEL}; "
                          f"got {w_nk.dtype} [{n}, {k}].")
@@ -82,18 +96,27 @@ def pack_transposed(w_nk: jax.Array) -> PackedMatrix:
 
 
 def packable(w: jax.Array) -> bool:
-    """Whether `pack` takes `w` ([K, ...] float32, the trailing axes a multiple of 16)."""
-    return w.dtype == jnp.float32 and w.ndim >= 2 and int(np.prod(w.shape[1:])) % PANEL == 0
+    """Whether `pack` takes `w`: [K, ...] float32 with the trailing axes' product a multiple
+    of 16, or bf16 with it and K multiples of 32."""
+    if w.ndim < 2:
+        return False
+    n = int(np.prod(w.shape[1:]))
+    if w.dtype == jnp.float32:
+        return n % PANEL == 0
+    return w.dtype == jnp.bfloat16 and n % PANEL_BF16 == 0 and w.shape[0] % PANEL_BF16 == 0
 
 
 def packed_dot(x: jax.Array, w: PackedMatrix) -> jax.Array:
-    """x [..., K] float32 @ W -> [..., *w.out_dims] float32 (the FFI kernel; no derivative)."""
+    """x [..., K] @ W -> [..., *w.out_dims] float32 (the FFI kernel; no derivative). x is cast
+    to the panels' dtype (float32, or bf16 as `mixed_einsum` casts it), products summed in
+    float32."""
     if x.shape[-1] != w.in_dim:
         raise ValueError(f"packed_dot: x has {x.shape[-1]} features, the packed matrix {w.in_dim}.")
     register()
-    n = w.panels.shape[0] * PANEL
-    out = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(x.shape[:-1] + (n,), jnp.float32))(
-        x.astype(jnp.float32), w.panels)
+    bf16 = w.panels.dtype == jnp.bfloat16
+    n = w.panels.shape[0] * (PANEL_BF16 if bf16 else PANEL)
+    out = jax.ffi.ffi_call(TARGET_BF16 if bf16 else TARGET, jax.ShapeDtypeStruct(x.shape[:-1] + (n,), jnp.float32))(
+        x.astype(w.panels.dtype), w.panels)
     return out.reshape(x.shape[:-1] + w.out_dims)
 
 
@@ -136,18 +159,25 @@ def build() -> str:
 
 
 @functools.cache
-def register() -> None:
-    """Builds and loads the kernel and registers it with XLA (once per process)."""
+def register():
+    """Builds and loads the kernels and registers them with XLA (once per process); the
+    loaded library."""
     import ctypes
 
     library = ctypes.cdll.LoadLibrary(build())
     jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.JaxrlVrPackedDot), platform="cpu")
+    jax.ffi.register_ffi_target(TARGET_BF16, jax.ffi.pycapsule(library.JaxrlVrPackedDotAmx), platform="cpu")
+    return library
 
 
 @functools.cache
-def unavailable_reason() -> str | None:
-    """Why this process cannot run `packed_dot` (None when it can): the default backend is not
-    the CPU, the CPU is not x86 with AVX2 and FMA, or the kernel does not build."""
+def unavailable_reason(dtype: str = "float32") -> str | None:
+    """Why this process cannot run `packed_dot` on `dtype` weights (None when it can): the
+    default backend is not the CPU, the CPU is not x86 with AVX2 and FMA (float32) or with
+    AMX-BF16 (bfloat16; Linux must also grant the process the AMX tile state), or the kernel
+    does not build."""
+    if jnp.dtype(dtype) not in (jnp.float32, jnp.bfloat16):
+        return f"there is no packed kernel for {dtype}"
     if jax.default_backend() != "cpu":
         return f"the default backend is {jax.default_backend()}, not cpu"
     if platform.machine().lower() not in ("x86_64", "amd64"):
@@ -155,10 +185,16 @@ def unavailable_reason() -> str | None:
     flags = set((host_cpu.cpuinfo_field(host_cpu.read_cpuinfo(), "flags") or "").split())
     if not {"avx2", "fma"} <= flags:
         return "the CPU lacks AVX2 or FMA"
+    if jnp.dtype(dtype) == jnp.bfloat16 and not {"amx_tile", "amx_bf16"} <= flags:
+        return "the CPU lacks AMX-BF16 (the bf16 kernel's tiles)"
     try:
-        register()
+        library = register()
     except (OSError, RuntimeError, subprocess.SubprocessError) as err:
         return f"the kernel did not build or load ({err})"
+    if jnp.dtype(dtype) == jnp.bfloat16:
+        error = library.JaxrlVrAmxInit()
+        if error:
+            return f"Linux did not grant the AMX tile state ({os.strerror(error)})"
     return None
 
 
@@ -171,14 +207,14 @@ def decode_mode() -> str:
 
 
 def use_packed(arrays, compute_dtype) -> bool:
-    """Whether a sampler should pack its decode weights: the compute dtype is float32,
-    `decode_mode` allows it, the kernel runs here, and no array of `arrays` (a pytree of
+    """Whether a sampler should pack its decode weights: `decode_mode` allows it, the kernel
+    for the compute dtype (float32 or bf16) runs here, and no array of `arrays` (a pytree of
     concrete arrays: the model state) is spread over several devices (the custom call has no
     sharding rule)."""
     mode = decode_mode()
-    if mode == "xla" or jnp.dtype(compute_dtype) != jnp.float32:
+    if mode == "xla":
         return False
-    reason = unavailable_reason()
+    reason = unavailable_reason(str(jnp.dtype(compute_dtype)))
     if reason is not None:
         if mode == "packed":
             raise RuntimeError(f"JAXRL_VR_DECODE_DOTS=packed, but {reason}. Unset it (auto) or use xla.")

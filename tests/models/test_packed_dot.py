@@ -13,13 +13,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_vr.models import packed_dot as pd
 from jaxrl_vr.models.config import DecoderConfig
-from jaxrl_vr.models.decoder import Decoder, pack_layer_params, packed_unembed
+from jaxrl_vr.models.decoder import Decoder, cast_matmul_weights, pack_layer_params, packed_unembed, set_compute_dtype
 from jaxrl_vr.models.lora import add_lora, lora_names, lora_targets
 from jaxrl_vr.sampling import generate
 from jaxrl_vr.sampling import sampler as sampler_lib
 
 REASON = pd.unavailable_reason()
 needs_kernel = pytest.mark.skipif(REASON is not None, reason=f"packed-dot kernel unavailable: {REASON}")
+REASON_BF16 = pd.unavailable_reason("bfloat16")
+needs_bf16_kernel = pytest.mark.skipif(REASON_BF16 is not None, reason=f"bf16 packed kernel unavailable: {REASON_BF16}")
 
 # Every block matrix packable except wk / wv (Hkv·Dh = 8 columns: kept as XLA dots), the
 # vocabulary a multiple of 16 (the tied head packed).
@@ -36,15 +38,29 @@ def test_pack_layout_hand_computed():
     np.testing.assert_array_equal(pd.pack_transposed(w.T).panels, panels)
 
 
+def test_bf16_pack_layout_hand_computed():
+    """bf16 panels [N / 32, K / 2, 64]: entry [j, p, 2c + e] is W[2p + e, 32j + c]."""
+    w = (jnp.arange(32)[:, None] * 4 + jnp.arange(64)[None] % 4).astype(jnp.bfloat16)  # w[k, n] = 4k + n % 4
+    packed = pd.pack(w)
+    chex.assert_shape(packed.panels, (2, 16, 64))
+    assert packed.in_dim == 32 and packed.out_dims == (64,)
+    assert float(packed.panels[0, 0, 1]) == 4.0  # W[1, 0]: row pair 0, column 0, second of the pair
+    assert float(packed.panels[1, 1, 2 * 3]) == 4 * 2 + 35 % 4  # W[2, 35]
+    np.testing.assert_array_equal(pd.pack_transposed(w.T).panels, packed.panels)
+
+
 def test_pack_refuses_what_the_kernel_cannot_run():
     with pytest.raises(ValueError, match="multiple of 16"):
         pd.pack(jnp.zeros((4, 24)))
-    with pytest.raises(ValueError, match="float32"):
-        pd.pack(jnp.zeros((4, 16), jnp.bfloat16))
+    with pytest.raises(ValueError, match="bf16 one with multiples of 32 columns and rows"):
+        pd.pack(jnp.zeros((32, 16), jnp.bfloat16))
+    with pytest.raises(ValueError, match="multiples of 32 columns and rows"):
+        pd.pack(jnp.zeros((48, 32), jnp.bfloat16))
     with pytest.raises(ValueError, match="multiple of 16"):
         pd.pack_transposed(jnp.zeros((20, 4)))
     assert pd.packable(jnp.zeros((4, 2, 8))) and not pd.packable(jnp.zeros((4, 2, 4)))
-    assert not pd.packable(jnp.zeros((4, 16), jnp.bfloat16))
+    assert pd.packable(jnp.zeros((64, 2, 16), jnp.bfloat16)) and not pd.packable(jnp.zeros((4, 32), jnp.bfloat16))
+    assert not pd.packable(jnp.zeros((32, 16), jnp.bfloat16)) and not pd.packable(jnp.zeros((4, 16), jnp.float16))
 
 
 @needs_kernel
@@ -69,6 +85,24 @@ def test_packed_dot_matches_numpy_on_ragged_shapes(lead, k, n):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
 
 
+@needs_bf16_kernel
+@pytest.mark.parametrize("lead, k, n", [((1,), 32, 32), ((3,), 64, 96), ((9,), 96, 160), ((2, 5), 32, 32),
+                                        ((17,), 896, 64), ((32,), 64, 64), ((45,), 128, 96), ((70,), 32, 32)])
+def test_bf16_packed_dot_matches_a_bf16_dot_with_float32_sums(lead, k, n):
+    """Rows fewer than, equal to and past the 32-row group, one to five panels, K one to 28
+    tile steps: x is rounded to bf16 as XLA's
+    mixed-precision dot rounds it, the bf16 products are exact in float32 and summed there."""
+    rng = np.random.default_rng(k * n)
+    x = jnp.asarray(rng.standard_normal(lead + (k,), np.float32))
+    w = jnp.asarray(rng.standard_normal((k, n), np.float32)).astype(jnp.bfloat16)
+    want = np.asarray(x.astype(jnp.bfloat16), np.float64) @ np.asarray(w, np.float64)
+    for fn in (pd.packed_dot, jax.jit(pd.packed_dot)):
+        got = fn(x, pd.pack(w))
+        assert got.dtype == jnp.float32
+        chex.assert_shape(got, lead + (n,))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+
+
 @needs_kernel
 def test_packed_dot_splits_the_output_axes_and_checks_k():
     w = pd.pack(jnp.ones((8, 2, 16)), (2, 16))
@@ -88,8 +122,15 @@ def test_packed_dot_inside_a_loop_matches_the_xla_dot():
     np.testing.assert_allclose(loop(lambda x: pd.packed_dot(x, packed))(x), loop(lambda x: x @ w)(x), atol=1e-5)
 
 
-def _model(lora=False, tied=True):
-    model = Decoder(CONFIG.replace(tie_word_embeddings=tied), rngs=nnx.Rngs(0))
+# For the bf16 kernel (32-column panels): wq, wo, w_gate, w_up, w_down and the tied head packable.
+CONFIG_BF16 = DecoderConfig.tiny(64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                                 num_kv_heads=1, head_dim=8, eos_token_id=2)
+
+
+def _model(lora=False, tied=True, bf16=False):
+    model = Decoder((CONFIG_BF16 if bf16 else CONFIG).replace(tie_word_embeddings=tied), rngs=nnx.Rngs(0))
+    if bf16:
+        set_compute_dtype(model, "bfloat16")
     if lora:
         add_lora(model, rank=4, alpha=8.0, key=jax.random.key(1))
         for i, target in enumerate(lora_targets(model)):  # nonzero B: the adapters change the model
@@ -156,6 +197,64 @@ def test_rollout_on_packed_dots_equals_the_xla_rollout(monkeypatch, max_new_toke
     np.testing.assert_allclose(rollouts["packed"].logp_bt, rollouts["xla"].logp_bt, atol=1e-5)
 
 
+def test_bf16_packing_keeps_the_adapters_unmerged():
+    """A bf16 sum W + scale·A·B would round a small adapter update away: bf16 matrices are
+    packed as they are and keep their adapters; the LM head is the compute-dtype copy."""
+    model = cast_matmul_weights(_model(lora=True, bf16=True))
+    packed = pack_layer_params(model.layers.unstacked(), model.layers.lora_scale)[0]
+    assert {name for name, w in packed.items() if isinstance(w, pd.PackedMatrix)} == {
+        "wq", "wo", "w_gate", "w_up", "w_down"}
+    assert all(w.panels.dtype == jnp.bfloat16 for w in packed.values() if isinstance(w, pd.PackedMatrix))
+    assert {name for name in packed if "lora" in name} == {n for t in lora_targets(model) for n in lora_names(t)}
+    head = packed_unembed(model)
+    assert head.panels.dtype == jnp.bfloat16 and head.in_dim == 32 and head.out_dims == (64,)
+    for uncast in (_model(bf16=True), _model(tied=False, bf16=True)):  # no copy: the head cast to bf16 first
+        assert packed_unembed(uncast).panels.dtype == jnp.bfloat16
+
+
+@needs_bf16_kernel
+@pytest.mark.parametrize("lora, tied", [(False, True), (True, True), (False, False)])
+def test_bf16_decode_step_on_packed_weights_matches_the_xla_bf16_dots(lora, tied):
+    """Mixed precision: the same bf16 operands and float32 sums as XLA's dots, so the logits
+    and cache agree to float32 rounding of the sums (and the rare bf16 rounding flip it causes
+    in a later layer's input)."""
+    model = _model(lora, tied, bf16=True)
+    tokens = jnp.asarray(np.random.default_rng(1).integers(3, 64, (3, 5)), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(5), (3, 5))
+
+    def run(packed: bool):
+        cast = cast_matmul_weights(nnx.merge(*nnx.split(model)))
+        layers, unembed = sampler_lib.decode_weights(cast, cast.layers.unstacked(), packed)
+        assert (unembed is not None) is packed
+        cache = cast.init_cache(3, 8)
+        first, cache = cast.decode_step(tokens, positions, cache, layer_params=layers, unembed=unembed)
+        second, cache = cast.decode_step(tokens[:, :1], positions[:, :1] + 5, cache, layer_params=layers,
+                                         unembed=unembed)
+        return first, second, cache.keys_bkem
+
+    run = jax.jit(run, static_argnums=0)
+    for got, want in zip(jax.tree.leaves(run(True)), jax.tree.leaves(run(False))):
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2e-2, atol=2e-2)
+
+
+@needs_bf16_kernel
+def test_bf16_rollout_on_packed_dots_equals_the_xla_rollout(monkeypatch):
+    model = _model(lora=True, bf16=True)
+    prompts = jnp.asarray(np.random.default_rng(2).integers(3, 64, (2, 4)), jnp.int32)
+    mask = jnp.ones((2, 4), bool)
+    rollouts = {}
+    for mode in ("xla", "packed"):
+        monkeypatch.setenv("JAXRL_VR_DECODE_DOTS", mode)
+        _, kwargs = sampler_lib.generate_core_call(
+            jax.random.key(0), model, prompts, mask, num_samples=3, max_new_tokens=12, temperature=1.0,
+            top_p=1.0, top_k=0, greedy=True, stop_token_ids=(), pad_id=0, bucket=8, cache_dtype=None)
+        assert kwargs["packed_dots"] is (mode == "packed")
+        rollouts[mode] = generate(jax.random.key(0), model, prompts, mask, num_samples=3, max_new_tokens=12,
+                                  greedy=True, stop_token_ids=())
+    np.testing.assert_array_equal(rollouts["packed"].tokens_bt, rollouts["xla"].tokens_bt)
+    np.testing.assert_allclose(rollouts["packed"].logp_bt, rollouts["xla"].logp_bt, atol=2e-2)
+
+
 def test_decode_mode_and_the_choice_of_path(monkeypatch):
     model_state = nnx.state(_model())
     monkeypatch.setenv("JAXRL_VR_DECODE_DOTS", "fast")
@@ -164,8 +263,9 @@ def test_decode_mode_and_the_choice_of_path(monkeypatch):
     monkeypatch.setenv("JAXRL_VR_DECODE_DOTS", "xla")
     assert not pd.use_packed(model_state, jnp.float32)
     monkeypatch.setenv("JAXRL_VR_DECODE_DOTS", "auto")
-    assert not pd.use_packed(model_state, jnp.bfloat16)  # bf16 compute keeps XLA's bf16 dots
+    assert pd.use_packed(model_state, jnp.bfloat16) is (REASON_BF16 is None)  # an AVX512-BF16 CPU
     assert pd.use_packed(model_state, jnp.float32) is (REASON is None)
+    assert not pd.use_packed(model_state, jnp.float16)
 
 
 @needs_kernel
@@ -182,7 +282,7 @@ def test_sharded_weights_keep_the_xla_dots(monkeypatch):
 
 
 def test_unavailable_kernel_falls_back_or_refuses(monkeypatch):
-    monkeypatch.setattr(pd, "unavailable_reason", lambda: "the CPU lacks AVX2 or FMA")
+    monkeypatch.setattr(pd, "unavailable_reason", lambda dtype="float32": "the CPU lacks AVX2 or FMA")
     monkeypatch.setenv("JAXRL_VR_DECODE_DOTS", "auto")
     assert not pd.use_packed({}, jnp.float32)
     monkeypatch.setenv("JAXRL_VR_DECODE_DOTS", "packed")
