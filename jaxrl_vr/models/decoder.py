@@ -947,11 +947,10 @@ def pack_layer_params(layer_params: Sequence[dict[str, jax.Array]], lora_scale: 
 
     A packable float32 matrix with adapters (`lora_names`) is packed as W + lora_scale·A·B,
     and its adapters leave the layer: the packed copy is the sampler's second copy of the base
-    either way, so the merge costs no memory, and each decode step skips the adapters' two small dots
-    per matrix (14 a layer: 1-2 s of a 53 s fp32 rollout of the 0.4B model with rank-16
-    adapters, P4 G8, 128 tokens, on a 2-core AMX Xeon). A matrix left unpacked keeps its
-    adapters on the activation path, and so does a bf16 one: a bf16 sum would round most of a
-    small adapter update away (`merge_lora`)."""
+    either way, so the merge costs no memory, and each decode step skips the adapters' two
+    small dots per matrix (14 a layer). A matrix left unpacked keeps its adapters on the
+    activation path, and so does a bf16 one: a bf16 sum would round most of a small adapter
+    update away (`merge_lora`)."""
     def packed(name, w, layer):
         w_in_out = w.reshape(-1, w.shape[-1]) if name == "wo" else w  # wo's head axes are its input
         if name not in MATMUL_WEIGHT_NAMES or not packable(w_in_out):

@@ -3,7 +3,7 @@ bf16 with float32 accumulation (x86 with AMX-BF16, Intel's tile matrix unit).
 
 A decode step multiplies few rows (the rollout's live rows) by every weight matrix, and at
 such shapes XLA:CPU's dot reaches about 0.6 of a plain register-blocked float32 kernel that
-reads each matrix as 16-column panels packed once, and about 0.5 of AMX tiles reading
+reads each matrix as 16-column panels packed once, and about 0.45 of AMX tiles reading
 32-column bf16 panels of K-pairs (`csrc/packed_dot.cc`; measured by
 `benchmarks/decode_dots.py --sides jax,packed`). The samplers pack their per-layer weight
 copies once per rollout (`pack_layer_params`: the same memory as the unpacked copies they

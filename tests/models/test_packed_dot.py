@@ -71,10 +71,10 @@ def test_packed_dot_hand_computed():
 
 
 @needs_kernel
-@pytest.mark.parametrize("lead, k, n", [((1,), 1, 16), ((3,), 5, 48), ((5,), 64, 160), ((2, 3), 33, 32),
+@pytest.mark.parametrize("lead, k, n", [((1,), 1, 16), ((3,), 0, 16), ((3,), 5, 48), ((5,), 64, 160), ((2, 3), 33, 32),
                                         ((9,), 17, 16), ((37,), 8, 64)])
 def test_packed_dot_matches_numpy_on_ragged_shapes(lead, k, n):
-    """Rows not a multiple of the 4-row register block, odd K, one to ten panels."""
+    """Rows not a multiple of the 4-row register block, odd K, K = 0, one to ten panels."""
     rng = np.random.default_rng(k * n)
     x = rng.standard_normal(lead + (k,), np.float32)
     w = rng.standard_normal((k, n), np.float32)
@@ -158,15 +158,20 @@ def test_pack_layer_params_packs_the_packable_block_matrices_only():
 
 
 @needs_kernel
+@pytest.mark.parametrize("bf16", [False, pytest.param(True, marks=needs_bf16_kernel)])
 @pytest.mark.parametrize("lora, tied", [(False, True), (True, True), (False, False)])
-def test_decode_step_on_packed_weights_matches_the_xla_dots(lora, tied):
-    """Prefill (several rows and positions) then one decode step: same logits and cache."""
-    model = _model(lora, tied)
+def test_decode_step_on_packed_weights_matches_the_xla_dots(lora, tied, bf16):
+    """Prefill (several rows and positions) then one decode step: same logits and cache. In
+    mixed precision the operands are the same bf16 values and the sums float32, as in XLA's
+    dots, so they agree to float32 rounding of the sums (and the rare bf16 rounding flip it
+    causes in a later layer's input)."""
+    model = cast_matmul_weights(_model(lora, tied, bf16))  # as the samplers do; float32: a no-op
     tokens = jnp.asarray(np.random.default_rng(1).integers(3, 48, (3, 5)), jnp.int32)
     positions = jnp.broadcast_to(jnp.arange(5), (3, 5))
 
     def run(packed: bool):
         layers, unembed = sampler_lib.decode_weights(model, model.layers.unstacked(), packed)
+        assert (unembed is not None) is packed
         cache = model.init_cache(3, 8)
         first, cache = model.decode_step(tokens, positions, cache, layer_params=layers, unembed=unembed)
         second, cache = model.decode_step(tokens[:, :1], positions[:, :1] + 5, cache, layer_params=layers,
@@ -174,14 +179,17 @@ def test_decode_step_on_packed_weights_matches_the_xla_dots(lora, tied):
         return first, second, cache.keys_bkem
 
     run = jax.jit(run, static_argnums=0)
+    tolerance = 2e-2 if bf16 else 1e-5
     for got, want in zip(jax.tree.leaves(run(True)), jax.tree.leaves(run(False))):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=tolerance,
+                                   atol=tolerance)
 
 
 @needs_kernel
+@pytest.mark.parametrize("bf16", [False, pytest.param(True, marks=needs_bf16_kernel)])
 @pytest.mark.parametrize("max_new_tokens", [12, 70])  # one jitted loop; compacting chunks (> 64 slots)
-def test_rollout_on_packed_dots_equals_the_xla_rollout(monkeypatch, max_new_tokens):
-    model = _model(lora=True)
+def test_rollout_on_packed_dots_equals_the_xla_rollout(monkeypatch, max_new_tokens, bf16):
+    model = _model(lora=True, bf16=bf16)
     prompts = jnp.asarray(np.random.default_rng(2).integers(3, 48, (2, 4)), jnp.int32)
     mask = jnp.ones((2, 4), bool)
     rollouts = {}
@@ -194,7 +202,7 @@ def test_rollout_on_packed_dots_equals_the_xla_rollout(monkeypatch, max_new_toke
         rollouts[mode] = generate(jax.random.key(0), model, prompts, mask, num_samples=3,
                                   max_new_tokens=max_new_tokens, greedy=True, stop_token_ids=())
     np.testing.assert_array_equal(rollouts["packed"].tokens_bt, rollouts["xla"].tokens_bt)
-    np.testing.assert_allclose(rollouts["packed"].logp_bt, rollouts["xla"].logp_bt, atol=1e-5)
+    np.testing.assert_allclose(rollouts["packed"].logp_bt, rollouts["xla"].logp_bt, atol=2e-2 if bf16 else 1e-5)
 
 
 def test_bf16_packing_keeps_the_adapters_unmerged():
@@ -210,49 +218,6 @@ def test_bf16_packing_keeps_the_adapters_unmerged():
     assert head.panels.dtype == jnp.bfloat16 and head.in_dim == 32 and head.out_dims == (64,)
     for uncast in (_model(bf16=True), _model(tied=False, bf16=True)):  # no copy: the head cast to bf16 first
         assert packed_unembed(uncast).panels.dtype == jnp.bfloat16
-
-
-@needs_bf16_kernel
-@pytest.mark.parametrize("lora, tied", [(False, True), (True, True), (False, False)])
-def test_bf16_decode_step_on_packed_weights_matches_the_xla_bf16_dots(lora, tied):
-    """Mixed precision: the same bf16 operands and float32 sums as XLA's dots, so the logits
-    and cache agree to float32 rounding of the sums (and the rare bf16 rounding flip it causes
-    in a later layer's input)."""
-    model = _model(lora, tied, bf16=True)
-    tokens = jnp.asarray(np.random.default_rng(1).integers(3, 64, (3, 5)), jnp.int32)
-    positions = jnp.broadcast_to(jnp.arange(5), (3, 5))
-
-    def run(packed: bool):
-        cast = cast_matmul_weights(nnx.merge(*nnx.split(model)))
-        layers, unembed = sampler_lib.decode_weights(cast, cast.layers.unstacked(), packed)
-        assert (unembed is not None) is packed
-        cache = cast.init_cache(3, 8)
-        first, cache = cast.decode_step(tokens, positions, cache, layer_params=layers, unembed=unembed)
-        second, cache = cast.decode_step(tokens[:, :1], positions[:, :1] + 5, cache, layer_params=layers,
-                                         unembed=unembed)
-        return first, second, cache.keys_bkem
-
-    run = jax.jit(run, static_argnums=0)
-    for got, want in zip(jax.tree.leaves(run(True)), jax.tree.leaves(run(False))):
-        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2e-2, atol=2e-2)
-
-
-@needs_bf16_kernel
-def test_bf16_rollout_on_packed_dots_equals_the_xla_rollout(monkeypatch):
-    model = _model(lora=True, bf16=True)
-    prompts = jnp.asarray(np.random.default_rng(2).integers(3, 64, (2, 4)), jnp.int32)
-    mask = jnp.ones((2, 4), bool)
-    rollouts = {}
-    for mode in ("xla", "packed"):
-        monkeypatch.setenv("JAXRL_VR_DECODE_DOTS", mode)
-        _, kwargs = sampler_lib.generate_core_call(
-            jax.random.key(0), model, prompts, mask, num_samples=3, max_new_tokens=12, temperature=1.0,
-            top_p=1.0, top_k=0, greedy=True, stop_token_ids=(), pad_id=0, bucket=8, cache_dtype=None)
-        assert kwargs["packed_dots"] is (mode == "packed")
-        rollouts[mode] = generate(jax.random.key(0), model, prompts, mask, num_samples=3, max_new_tokens=12,
-                                  greedy=True, stop_token_ids=())
-    np.testing.assert_array_equal(rollouts["packed"].tokens_bt, rollouts["xla"].tokens_bt)
-    np.testing.assert_allclose(rollouts["packed"].logp_bt, rollouts["xla"].logp_bt, atol=2e-2)
 
 
 def test_decode_mode_and_the_choice_of_path(monkeypatch):
@@ -313,11 +278,12 @@ def test_build_compiles_once_per_source_into_the_cache(monkeypatch, tmp_path):
 
 
 @needs_kernel
-def test_multiturn_session_on_packed_dots_equals_the_xla_session(monkeypatch):
+@pytest.mark.parametrize("bf16", [False, pytest.param(True, marks=needs_bf16_kernel)])
+def test_multiturn_session_on_packed_dots_equals_the_xla_session(monkeypatch, bf16):
     """Prefill, a turn, an appended observation, a second turn: the same tokens either way."""
     from jaxrl_vr.sampling import multiturn as mt
 
-    model = _model(lora=True)
+    model = _model(lora=True, bf16=bf16)
     prompts = np.random.default_rng(3).integers(3, 48, (2, 5)).astype(np.int32)
     turns = {}
     for mode in ("xla", "packed"):
@@ -331,4 +297,4 @@ def test_multiturn_session_on_packed_dots_equals_the_xla_session(monkeypatch):
         turns[mode] = (first, second)
     for packed, xla in zip(turns["packed"], turns["xla"]):
         np.testing.assert_array_equal(packed.tokens_bw, xla.tokens_bw)
-        np.testing.assert_allclose(packed.logp_bw, xla.logp_bw, atol=1e-5)
+        np.testing.assert_allclose(packed.logp_bw, xla.logp_bw, atol=2e-2 if bf16 else 1e-5)

@@ -2,7 +2,8 @@
 // in float32, with W packed once per rollout (`jaxrl_vr.models.packed_dot.pack`), so each panel
 // of W streams from memory in one pass and stays in cache while every block of rows of x runs
 // over it. A decode step's dots have few rows (the rollout's live rows), where XLA:CPU's dot
-// reaches about 0.6 of these kernels' rates (benchmarks/decode_dots.py --sides jax,packed).
+// reaches about 0.6 of the float32 kernel's rate on AVX2 and 0.45 of the AMX kernel's
+// (benchmarks/decode_dots.py --sides jax,packed).
 //  - JaxrlVrPackedDot (AVX2 + FMA): float32 x and W, W as 16-column panels [N / 16][K][16],
 //    4 x 16 register blocks.
 //  - JaxrlVrPackedDotAmx (AMX-TILE + AMX-BF16, compiled for that target only; the caller checks
@@ -174,19 +175,29 @@ void RunOnPool(ffi::ThreadPool& pool, const std::shared_ptr<Work>& w) {
   }
 }
 
+// x's rows (the product of its leading axes), or 0 where there is nothing to multiply: no
+// rows, no columns, or K = 0 (then `out` [rows, n] is filled with zeros).
+template <typename Dims>
+int64_t RowsToMultiply(const Dims& x_dims, int64_t k, int64_t n, float* out) {
+  int64_t m = 1;
+  for (size_t i = 0; i + 1 < x_dims.size(); ++i) m *= x_dims[i];
+  if (m == 0 || n == 0) return 0;
+  if (k == 0) {
+    std::fill(out, out + m * n, 0.0f);
+    return 0;
+  }
+  return m;
+}
+
 ffi::Error PackedDot(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> panels,
                      ffi::ResultBuffer<ffi::F32> out) {
   const auto x_dims = x.dimensions(), p_dims = panels.dimensions();
   if (x_dims.size() < 1 || p_dims.size() != 3 || p_dims[2] != kWidth || x_dims.back() != p_dims[1])
     return ffi::Error::InvalidArgument("packed_dot: want x [..., K] and panels [N / 16, K, 16]");
   const int64_t k = p_dims[1], num_panels = p_dims[0], n = num_panels * kWidth;
-  const int64_t m = k ? static_cast<int64_t>(x.element_count()) / k : 0;
   float* y = out->typed_data();
-  if (m == 0 || n == 0) return ffi::Error::Success();
-  if (k == 0) {
-    std::fill(y, y + m * n, 0.0f);
-    return ffi::Error::Success();
-  }
+  const int64_t m = RowsToMultiply(x_dims, k, n, y);
+  if (m == 0) return ffi::Error::Success();
   const int64_t num_blocks = (m + kRows - 1) / kRows;
   auto blocks = std::make_shared<std::vector<float>>(num_blocks * kRows * k);  // x as packed row blocks
   for (int64_t block = 0; block < num_blocks; ++block)
@@ -213,13 +224,9 @@ ffi::Error PackedDotAmx(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buf
       x_dims.back() % kChunkAmx)
     return ffi::Error::InvalidArgument("packed_dot_amx: want x [..., K] (K a multiple of 32) and panels [N / 32, K / 2, 64]");
   const int64_t k = 2 * p_dims[1], num_panels = p_dims[0], n = num_panels * kWidthAmx;
-  const int64_t m = k ? static_cast<int64_t>(x.element_count()) / k : 0;
   float* y = out->typed_data();
-  if (m == 0 || n == 0) return ffi::Error::Success();
-  if (k == 0) {
-    std::fill(y, y + m * n, 0.0f);
-    return ffi::Error::Success();
-  }
+  const int64_t m = RowsToMultiply(x_dims, k, n, y);
+  if (m == 0) return ffi::Error::Success();
   // x's rows zero-padded to whole groups of 32 (a decode step's few rows: a small copy).
   const int64_t groups = (m + kRowsAmx - 1) / kRowsAmx;
   auto rows = std::make_shared<std::vector<uint16_t>>(groups * kRowsAmx * k, uint16_t{0});
