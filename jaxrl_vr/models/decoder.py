@@ -421,7 +421,8 @@ def _block(config: DecoderConfig, p: dict[str, jax.Array], x_btd: jax.Array, cos
     gradient of W.
 
     A block matrix given as a `PackedMatrix` (the samplers' `pack_layer_params`) runs on the
-    packed CPU kernel (`packed_dot`): inference only.
+    packed CPU kernel (`packed_dot`): inference only. A float32 one carries its adapters
+    merged (W + lora_scale·A·B formed in the sampler's packed copy), and `p` then has none.
     """
     eps = config.rms_norm_eps
     compute = jnp.dtype(config.matmul_dtype)
@@ -951,26 +952,23 @@ def pack_layer_params(layer_params: Sequence[dict[str, jax.Array]], lora_scale: 
     small dots per matrix (14 a layer). A matrix left unpacked keeps its adapters on the
     activation path, and so does a bf16 one: a bf16 sum would round most of a small adapter
     update away (`merge_lora`)."""
-    def packed(name, w, layer):
-        w_in_out = w.reshape(-1, w.shape[-1]) if name == "wo" else w  # wo's head axes are its input
-        if name not in MATMUL_WEIGHT_NAMES or not packable(w_in_out):
-            return w
-        a_name, b_name = lora_names(name)
-        if a_name in layer and w_in_out.dtype == jnp.float32:
-            delta = jnp.einsum("ir,ro->io", layer[a_name], layer[b_name], precision=jax.lax.Precision.HIGHEST)
-            w_in_out = w_in_out + lora_scale * delta.reshape(w_in_out.shape).astype(w_in_out.dtype)
-        return pack(w_in_out, w_in_out.shape[1:])
+    def packed_layer(layer):
+        out = dict(layer)
+        for name in MATMUL_WEIGHT_NAMES:
+            if name not in layer:
+                continue
+            w = layer[name]
+            w_in_out = w.reshape(-1, w.shape[-1]) if name == "wo" else w  # wo's head axes are its input
+            if not packable(w_in_out):
+                continue
+            a_name, b_name = lora_names(name)
+            if a_name in layer and w_in_out.dtype == jnp.float32:
+                delta = jnp.einsum("ir,ro->io", out.pop(a_name), out.pop(b_name), precision=jax.lax.Precision.HIGHEST)
+                w_in_out = w_in_out + lora_scale * delta.reshape(w_in_out.shape)
+            out[name] = pack(w_in_out, w_in_out.shape[1:])
+        return out
 
-    def merged(name, layer):  # whether `name` is an adapter of a matrix packed and merged above
-        target = next((t for t in MATMUL_WEIGHT_NAMES if name in lora_names(t)), None)
-        return (target is not None and isinstance(layer[target], PackedMatrix)
-                and layer[target].panels.dtype == jnp.float32)
-
-    out = []
-    for layer in layer_params:
-        packed_layer = {name: packed(name, w, layer) for name, w in layer.items()}
-        out.append({name: w for name, w in packed_layer.items() if not merged(name, packed_layer)})
-    return out
+    return [packed_layer(layer) for layer in layer_params]
 
 
 def packed_unembed(model: Decoder) -> PackedMatrix | None:

@@ -4,7 +4,9 @@ LoRA (Hu et al. 2021, arXiv 2106.09685) freezes a weight W [D_in, D_out] and tra
 y = x·W + (alpha / r)·(x·A)·B with A [D_in, r], B [r, D_out]. Here A and B are stacked over
 the layers like the block matrices they adapt (`nnx.LoRAParam`, A [L, D_in, r] and
 B [L, r, D_out]; the head axes merged: wq/wk/wv's output, wo's input), and `_block` applies
-them on the activation path, never forming W + A·B. Initialisation as PEFT's default: A ~
+them on the activation path, never forming W + A·B; the one exception is the float32
+packed-dot sampler, whose per-rollout packed copy of the base (its second copy either way)
+is packed as W + (alpha / r)·A·B (`decoder.pack_layer_params`). Initialisation as PEFT's default: A ~
 U(−1/√D_in, 1/√D_in) (kaiming-uniform with a = √5), B = 0, so the adapted model starts as the
 base exactly.
 

@@ -224,8 +224,8 @@ def sample_token_and_logprob(key: jax.Array, logits_bv: jax.Array, *, temperatur
 def decode_weights(model: Decoder, layer_params, packed: bool):
     """(layer_params, unembed) for `Decoder.decode_step` in a decode loop: `layer_params` as
     given and the model's own LM head, or, with `packed`, both packed for the packed-dot CPU
-    kernel (`decoder.pack_layer_params`, `decoder.packed_unembed`), adapters merged into
-    the packed matrices."""
+    kernel (`decoder.pack_layer_params`, `decoder.packed_unembed`), LoRA adapters merged
+    into the packed float32 matrices."""
     if not packed:
         return layer_params, None
     return pack_layer_params(layer_params, model.layers.lora_scale), packed_unembed(model)
